@@ -1,0 +1,125 @@
+"""Shared test helpers: backend loading, host conversion and a namespace-aware assert_close."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_extra.testing import assert_close as _xpx_assert_close
+
+import geoarray
+from geoarray import _backend
+from geoarray._backend import array_namespace, backend_name
+
+BACKENDS = ("numpy", "array-api-strict", "torch", "jax", "cupy", "torch-cuda", "jax-cuda")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    xp: Any
+    device: Any
+    skip: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The library behind the backend: numpy, array_api_strict, torch, jax or cupy."""
+        return {"array-api-strict": "array_api_strict", "torch-cuda": "torch", "jax-cuda": "jax"}.get(
+            self.name, self.name
+        )
+
+
+def load_backend(name: str) -> Backend:
+    if name == "numpy":
+        import array_api_compat.numpy as xp
+
+        return Backend(name, xp, "cpu")
+    if name == "array-api-strict":
+        import array_api_strict as xp
+
+        return Backend(name, xp, xp.Device("CPU_DEVICE"))
+    if name in ("torch", "torch-cuda"):
+        import array_api_compat.torch as xp
+        import torch
+
+        torch.set_default_dtype(torch.float64)
+        if name == "torch-cuda":
+            if not torch.cuda.is_available():
+                return Backend(name, xp, None, "torch-cuda: no CUDA GPU visible to torch")
+            return Backend(name, xp, torch.device("cuda"))
+        return Backend(name, xp, torch.device("cpu"))
+    if name in ("jax", "jax-cuda"):
+        if name == "jax":
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as xp
+
+        platform = "gpu" if name == "jax-cuda" else "cpu"
+        try:
+            dev = jax.devices(platform)[0]
+        except RuntimeError as exc:
+            return Backend(name, xp, None, f"{name}: no JAX {platform} device ({exc})".splitlines()[0])
+        return Backend(name, xp, dev)
+    if name == "cupy":
+        try:
+            import array_api_compat.cupy as xp
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise RuntimeError("no device")
+        except Exception as exc:  # ImportError, CUDARuntimeError
+            return Backend(name, None, None, f"cupy: no usable CUDA GPU ({type(exc).__name__})")
+        return Backend(name, xp, cupy.cuda.Device(0))
+    raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS}")
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """Copy an array of any backend to a NumPy array (test-side only)."""
+    if isinstance(x, np.ndarray):
+        return x
+    xp = array_namespace(x)
+    if _backend.is_cupy(xp):
+        return x.get()
+    if _backend.is_torch(xp):
+        return x.detach().cpu().numpy()
+    if _backend.is_jax(xp):
+        return np.asarray(x)
+    return np.from_dlpack(x)
+
+
+def asarray(x: Any, xp: Any, device: Any, dtype: Any = None) -> Any:
+    """A NumPy (or nested list) value as an array of the backend under test (float64 by default)."""
+    dt = geoarray.resolve_dtype(xp, dtype, device)
+    return xp.asarray(np.asarray(x), dtype=dt, device=device)
+
+
+def assert_close(actual: Any, desired: Any, *, xp: Any, rtol: float = 0.0, atol: float = 0.0,
+                 device: Any = None, dtype: Any = None, err_msg: str = "") -> None:
+    """Values, namespace, shape, dtype and device of ``actual`` against ``desired``.
+
+    ``desired`` may be an array of ``xp`` (its dtype and device are then the expected ones) or a
+    NumPy reference (e.g. from SciPy), which is moved to ``xp`` with the expected ``dtype``
+    (default: the backend's default float, i.e. float64) and ``device``; the namespace, shape,
+    dtype and device checks of ``array_api_extra.testing.assert_close`` then apply to ``actual``.
+    """
+    actual_ns = array_namespace(actual)
+    assert backend_name(actual_ns) == backend_name(xp), (
+        f"result lives in {backend_name(actual_ns)}, expected {backend_name(xp)}"
+    )
+    if isinstance(desired, np.ndarray):
+        desired = np.array(desired)  # a writeable copy (torch warns on read-only NumPy views)
+        dt = geoarray.resolve_dtype(xp, dtype, device)
+        desired = xp.asarray(desired, dtype=dt) if device is None else xp.asarray(desired, dtype=dt, device=device)
+    elif dtype is not None:
+        assert actual.dtype == dtype, f"result has dtype {actual.dtype}, expected {dtype}"
+    if device is not None:
+        assert _backend.device(actual) == device, f"result on {_backend.device(actual)}, expected {device}"
+    _xpx_assert_close(actual, desired, rtol=rtol, atol=atol, xp=xp, err_msg=err_msg)
+
+
+def max_abs(x: Any) -> float:
+    return float(np.max(np.abs(to_numpy(x)))) if np.size(to_numpy(x)) else 0.0

@@ -1,0 +1,143 @@
+"""The backend layer: namespaces, mixed inputs, dtype policy, fast-path registry, import weight."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import geoarray
+from _helpers import asarray
+from geoarray import _backend, linalg
+
+
+def _other_namespace(backend):
+    """An array of a second library, to mix with the backend under test."""
+    if backend.kind == "numpy":
+        strict = pytest.importorskip("array_api_strict", reason="array-api-strict is the second library here")
+        return strict.asarray([[1.0, 0.0], [0.0, 1.0]])
+    return np.eye(2)
+
+
+def test_namespace_of_inputs(xp, device, backend):
+    a = asarray(np.eye(3), xp, device)
+    ns = _backend.array_namespace(a)
+    assert _backend.backend_name(ns) == backend.kind
+    assert _backend.device(a) == device
+
+
+def test_as_namespace_accepts_raw_modules(backend):
+    raw = {
+        "numpy": "numpy", "torch": "torch", "array_api_strict": "array_api_strict",
+        "jax": "jax.numpy", "cupy": "cupy",
+    }[backend.kind]
+    module = pytest.importorskip(raw)
+    ns = _backend.as_namespace(module)
+    assert _backend.backend_name(ns) == backend.kind
+    assert hasattr(ns, "matrix_transpose")
+
+
+def test_as_namespace_rejects_non_namespaces():
+    with pytest.raises(TypeError, match="xp must be an array namespace"):
+        _backend.as_namespace("numpy")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, b: linalg.solve(a, b),
+        lambda a, b: linalg.solve_vectors(a, b[..., 0]),
+        lambda a, b: linalg.apply_q(a, a, b),
+        lambda a, b: linalg.apply_qt(a, a, b),
+    ],
+    ids=["solve", "solve_vectors", "apply_q", "apply_qt"],
+)
+def test_mixed_namespaces_raise_type_error_naming_both(xp, device, backend, call):
+    a = asarray(np.eye(2), xp, device)
+    b = _other_namespace(backend)
+    with pytest.raises(TypeError, match="different array libraries") as info:
+        call(a, b)
+    message = str(info.value)
+    assert backend.kind in message
+    other = "array_api_strict" if backend.kind == "numpy" else "numpy"
+    assert other in message
+
+
+def test_non_array_input_is_a_type_error():
+    with pytest.raises(TypeError, match="A is not an array"):
+        linalg.expm([[0.0, 1.0], [-1.0, 0.0]])
+
+
+def test_default_float_is_float64(xp, device):
+    assert geoarray.default_float(xp, device) == xp.float64
+
+
+@pytest.mark.parametrize("name", ["float32", "float64"])
+def test_resolve_dtype_names_and_objects(xp, device, name):
+    dt = geoarray.resolve_dtype(xp, name, device)
+    assert dt == getattr(xp, name)
+    assert geoarray.resolve_dtype(xp, dt, device) == dt
+
+
+@pytest.mark.parametrize("bad", ["int32", "float16", "complex128"])
+def test_resolve_dtype_rejects_non_float_names(xp, device, bad):
+    with pytest.raises(TypeError, match="dtype must be 'float32' or 'float64'"):
+        geoarray.resolve_dtype(xp, bad, device)
+
+
+def test_resolve_dtype_rejects_integer_dtype_objects(xp, device):
+    with pytest.raises(TypeError, match="real floating dtype"):
+        geoarray.resolve_dtype(xp, xp.int64, device)
+
+
+def test_float64_unavailable_message_names_the_fix(backend):
+    if backend.kind == "jax":
+        import jax.numpy as jnp
+
+        msg = _backend._float64_missing_message(jnp)
+        assert "jax_enable_x64" in msg
+    elif backend.kind == "array_api_strict":
+        strict = backend.xp
+        with pytest.raises(TypeError, match="no float64"):
+            geoarray.resolve_dtype(strict, "float64", strict.Device("no_float64"))
+        assert geoarray.default_float(strict, strict.Device("no_float64")) == strict.float32
+    else:
+        pytest.skip(f"{backend.kind} always has float64 on this device (message tested on jax, array-api-strict)")
+
+
+@pytest.mark.parametrize("fn", [linalg.expm, linalg.cayley, linalg.skew, linalg.sym, linalg.householder_qr])
+def test_integer_inputs_raise_type_error(xp, device, fn):
+    a = xp.asarray([[1, 2], [3, 4]], dtype=xp.int64, device=device)
+    with pytest.raises(TypeError, match=r"[AC] must have a real floating dtype"):
+        fn(a)
+
+
+def test_fast_path_registry(backend):
+    assert _backend.fast_path_backends("expm") == ["jax", "numpy", "torch"]
+    assert _backend.fast_path_backends("geqrf") == ["numpy", "torch"]
+    # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
+    assert _backend.fast_path("expm", backend.xp) is None
+    assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("numpy", "torch"))
+    assert _backend.fast_path("expm", backend.xp, "generic") is None
+    if backend.kind in ("jax", "numpy", "torch"):
+        assert callable(_backend.fast_path("expm", backend.xp, "native"))
+    assert _backend.fast_path("no-such-op", backend.xp) is None
+
+
+def test_import_geoarray_imports_no_heavy_backend():
+    code = "import sys, geoarray; print(','.join(m for m in ('torch', 'jax', 'cupy', 'scipy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_cli_version_and_help(capsys):
+    from geoarray import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert geoarray.__version__ in capsys.readouterr().out
+    assert cli.main([]) == 0
+    assert "usage: geoarray" in capsys.readouterr().out

@@ -1,0 +1,39 @@
+"""The README's tour runs and prints what it claims; its commands name files that exist."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_readme_python_blocks_run_and_print_true(backend):
+    if backend.kind != "numpy":
+        pytest.skip("the README tour is written with NumPy arrays; it runs once, in the numpy session")
+    blocks = _python_blocks()
+    assert blocks, "README has no python blocks"
+    for block in blocks:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+        printed = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+        claimed = re.findall(r"print\(.*\)\s*#\s*(\S+)", block)
+        assert printed[: len(claimed)] == claimed
+
+
+def test_readme_commands_exist():
+    text = README.read_text(encoding="utf-8")
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = re.search(r"^nox .*$", ci, flags=re.M).group(0)
+    assert f"```bash\n{test_command}\n```" in text, ".ci/run must run the README's test command"
+    for script in re.findall(r"python (examples/\S+\.py)", text):
+        assert (README.parent / script).is_file(), script
