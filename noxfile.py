@@ -67,7 +67,10 @@ def _make_session(name: str, backend: str, tag: str):
         session.install("-r", str(requirements))
         session.install(".[test]")
         session.run(
-            "pytest", "-p", "no:cacheprovider", *session.posargs,
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *session.posargs,
             env={"GEOARRAY_BACKEND": backend},
         )
 
@@ -88,4 +91,6 @@ def tests(session: nox.Session) -> None:
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "examples", "noxfile.py")
+    paths = ["src", "tests", "benchmarks", "examples", "noxfile.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)

@@ -97,8 +97,17 @@ def asarray(x: Any, xp: Any, device: Any, dtype: Any = None) -> Any:
     return xp.asarray(np.asarray(x), dtype=dt, device=device)
 
 
-def assert_close(actual: Any, desired: Any, *, xp: Any, rtol: float = 0.0, atol: float = 0.0,
-                 device: Any = None, dtype: Any = None, err_msg: str = "") -> None:
+def assert_close(
+    actual: Any,
+    desired: Any,
+    *,
+    xp: Any,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    device: Any = None,
+    dtype: Any = None,
+    err_msg: str = "",
+) -> None:
     """Values, namespace, shape, dtype and device of ``actual`` against ``desired``.
 
     ``desired`` may be an array of ``xp`` (its dtype and device are then the expected ones) or a

@@ -30,8 +30,11 @@ def test_namespace_of_inputs(xp, device, backend):
 
 def test_as_namespace_accepts_raw_modules(backend):
     raw = {
-        "numpy": "numpy", "torch": "torch", "array_api_strict": "array_api_strict",
-        "jax": "jax.numpy", "cupy": "cupy",
+        "numpy": "numpy",
+        "torch": "torch",
+        "array_api_strict": "array_api_strict",
+        "jax": "jax.numpy",
+        "cupy": "cupy",
     }[backend.kind]
     module = pytest.importorskip(raw)
     ns = _backend.as_namespace(module)

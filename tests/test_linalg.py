@@ -59,8 +59,12 @@ def test_cayley_matches_dense_reference(xp, device, scale, batch):
     assert_close(linalg.cayley(C), ref, xp=xp, device=device, atol=2e-15 * cond)
 
 
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 12), log_scale=st.floats(-8, 3),
-       batch=st.sampled_from([(), (5,), (2, 3)]))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(1, 12),
+    log_scale=st.floats(-8, 3),
+    batch=st.sampled_from([(), (5,), (2, 3)]),
+)
 @HYP
 def test_cayley_of_skew_is_orthogonal(xp, device, seed, n, log_scale, batch):
     C = linalg.skew(_rand(xp, device, seed, (*batch, n, n), scale=10.0**log_scale))
@@ -198,8 +202,9 @@ def test_householder_apply_q_equals_dense_complete_q(xp, device, shape):
     assert_close(qr.R, R_ref[..., : shape[-1], :], xp=xp, device=device, atol=1e-13)
     # A = Q[:, :n] R and Qᵀ Q = I through apply_qt
     assert_close(Q[..., : shape[-1]] @ qr.R, to_numpy(A), xp=xp, device=device, atol=1e-13)
-    assert_close(linalg.apply_qt(qr.V, qr.T, Q), np.broadcast_to(np.eye(N), Q_ref.shape), xp=xp,
-                 device=device, atol=1e-13)
+    assert_close(
+        linalg.apply_qt(qr.V, qr.T, Q), np.broadcast_to(np.eye(N), Q_ref.shape), xp=xp, device=device, atol=1e-13
+    )
 
 
 def test_householder_generic_equals_native(xp, device, backend):

@@ -5,9 +5,21 @@ standard and run unchanged on NumPy, CuPy, PyTorch and JAX. Importing geoarray n
 heavy backend: the namespace of the arrays you pass in decides where the work runs.
 """
 
-from . import linalg, random
+from . import linalg, manifolds, random
 from ._backend import array_namespace, default_float, resolve_dtype
+from .manifolds import Euclidean, Grassmann, Stiefel
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["__version__", "array_namespace", "default_float", "linalg", "random", "resolve_dtype"]
+__all__ = [
+    "Euclidean",
+    "Grassmann",
+    "Stiefel",
+    "__version__",
+    "array_namespace",
+    "default_float",
+    "linalg",
+    "manifolds",
+    "random",
+    "resolve_dtype",
+]

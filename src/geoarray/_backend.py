@@ -116,8 +116,7 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
     if len(kinds) > 1:
         detail = "; ".join(f"{', '.join(keys)}: {kind}" for kind, keys in kinds.items())
         raise TypeError(
-            f"inputs come from different array libraries ({detail}); "
-            "convert them to one backend (and one device) first"
+            f"inputs come from different array libraries ({detail}); convert them to one backend (and one device) first"
         ) from None
     kind, keys = next(iter(kinds.items()))
     raise TypeError(f"{', '.join(keys)} is not an array of a supported array library (got {kind})")
@@ -215,10 +214,7 @@ def resolve_dtype(xp: Namespace, dtype: Any = None, device: Any = None, *, name:
         is_float = False
     if is_float and dtype == getattr(xp, "float64", None):
         raise TypeError(_float64_missing_message(xp))
-    raise TypeError(
-        f"{name} must be a real floating dtype of {backend_name(xp)} "
-        f"({', '.join(floats)}), got {dtype!r}"
-    )
+    raise TypeError(f"{name} must be a real floating dtype of {backend_name(xp)} ({', '.join(floats)}), got {dtype!r}")
 
 
 def check_real_floating(x: Array, name: str, xp: Namespace | None = None) -> None:
@@ -253,9 +249,31 @@ def compiled(fn: Callable[..., Any], xp: Namespace, *static_argnames: str) -> Ca
     return fn
 
 
+def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_count: int, xp: Namespace) -> Any:
+    """Apply ``body(k, carry)`` for k = 0, 1, …, max(counts) − 1 (at most ``max_count`` times).
+
+    ``counts`` holds a per-batch-element iteration count; ``body`` masks the elements that are done
+    (``counts > k``). On JAX the loop is ``lax.fori_loop`` with a traced trip count, so it compiles
+    under ``jax.jit`` (it is then forward-mode differentiable only). On eager backends the trip count
+    is read to the host once (a single scalar, no array transfer) so no iteration is wasted; this is
+    the one host synchronisation of a retraction. Elements needing more than ``max_count``
+    iterations are the caller's to flag.
+    """
+    if is_jax(xp):
+        import jax
+
+        n = xp.astype(xp.clip(xp.max(counts), 0, max_count), xp.int32)
+        return jax.lax.fori_loop(0, n, body, carry)
+    n = max(0, min(int(xp.max(counts)), max_count))
+    for k in range(n):
+        carry = body(k, carry)
+    return carry
+
+
 # --------------------------------------------------------------------------------------------
 # Fast paths
 # --------------------------------------------------------------------------------------------
+
 
 class _FastPath(NamedTuple):
     fn: Callable[..., Any]

@@ -1,0 +1,24 @@
+"""Manifolds as homogeneous spaces, with the global tangent space representation of the paper.
+
+``Stiefel``, ``Grassmann``, ``SymplecticStiefel`` and ``Euclidean`` share one contract
+(:mod:`geoarray.manifolds.base`): ``random``, ``rgrad``, ``metric``, ``global_section``,
+``global_rep``, ``retraction``, ``apply_section``, ``is_point``, ``is_tangent``.
+"""
+
+from .base import Manifold
+from .euclidean import Euclidean
+from .grassmann import Grassmann
+from .horizontal import GrassmannHorizontal, StiefelHorizontal
+from .sections import DenseSection, HouseholderSection
+from .stiefel import Stiefel
+
+__all__ = [
+    "DenseSection",
+    "Euclidean",
+    "Grassmann",
+    "GrassmannHorizontal",
+    "HouseholderSection",
+    "Manifold",
+    "Stiefel",
+    "StiefelHorizontal",
+]

@@ -1,0 +1,96 @@
+"""The manifold contract shared by every manifold (paper, sections 2–3).
+
+A manifold M acts in Algorithm 1 through
+
+=========================================  ===============================================
+``M.random(seed, *, xp, batch_shape, …)``  a point (for Stiefel: Algorithm 3)
+``M.rgrad(Y, dL)``                         Riemannian gradient from the Euclidean one (eq. 2)
+``M.global_section(Y)``                    λ(Y) with λ(Y)E = Y (Definition 5)
+``M.global_rep(lam, Δ)``                   Δ ∈ T_Y M ↦ λ⁻¹ Ω(Δ) λ ∈ g^hor (eq. 11)
+``M.retraction(W, method)``                W ∈ g^hor ↦ exp(W)E or Cayley(W)E (Operation 3)
+``M.apply_section(lam, X)``                λ(Y)·X (eq. 13)
+``M.metric(Y, Δ₁, Δ₂)``                    the Riemannian metric
+``M.is_point(Y)``, ``M.is_tangent(Y, Δ)``  tolerance-based membership
+=========================================  ===============================================
+
+so one optimizer step is ``apply_section(lam, retraction(velocity(cache)))`` with
+``lam = global_section(Y)`` and the cache fed by ``global_rep(lam, rgrad(Y, dL))``.
+
+Every operation accepts leading batch dimensions ``(..., N, n)``; the namespace, dtype and device
+come from the inputs.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .._backend import array_namespace, check_real_floating
+
+__all__ = ["Manifold"]
+
+Array = Any
+
+_SECTIONS = ("householder", "random", "transported")
+_RETRACTIONS = ("geodesic", "cayley")
+
+
+def _check_size(value: Any, name: str) -> int:
+    """A positive integer size (ints and NumPy integers; bools and floats are refused)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+class Manifold:
+    """Base class: argument checking shared by the concrete manifolds."""
+
+    #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
+    point_shape: tuple[int, ...] | None = None
+
+    def _namespace(self, **arrays: Array) -> Any:
+        """The namespace of the named arrays; each must have a real floating dtype."""
+        xp = array_namespace(**arrays)
+        for name, a in arrays.items():
+            if a is not None:
+                check_real_floating(a, name, xp)
+        return xp
+
+    def _check_trailing(self, x: Array, name: str, trailing: tuple[int, ...]) -> None:
+        k = len(trailing)
+        if x.ndim < k or tuple(x.shape[-k:]) != tuple(trailing):
+            raise ValueError(
+                f"{name} must have trailing shape {tuple(trailing)} for {self!r}, got shape {tuple(x.shape)}"
+            )
+
+    def _check_point(self, Y: Array, name: str = "Y") -> Any:
+        xp = self._namespace(**{name: Y})
+        if self.point_shape is not None:
+            self._check_trailing(Y, name, self.point_shape)
+        if getattr(self, "validate", False) and not self.is_point(Y):
+            raise ValueError(f"{name} is not a point of {self!r} (validate=True)")
+        return xp
+
+    def _check_tangent_shape(self, Y: Array, D: Array, name: str) -> Any:
+        xp = self._namespace(Y=Y, **{name: D})
+        if self.point_shape is not None:
+            self._check_trailing(D, name, self.point_shape)
+        elif tuple(D.shape) != tuple(Y.shape):
+            raise ValueError(f"{name} must have the shape of Y {tuple(Y.shape)}, got {tuple(D.shape)}")
+        return xp
+
+    @staticmethod
+    def _default_atol(dtype: Any, xp: Any) -> float:
+        return 1e-10 if dtype == xp.float64 else 1e-4

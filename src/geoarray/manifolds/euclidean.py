@@ -1,0 +1,80 @@
+"""The vector space R^{shape} as a (trivially) homogeneous space.
+
+Algorithm 1 specialises to ordinary first-order optimisation (paper, section 2): rgrad and the lift
+are identities and the retraction is addition. Euclidean weights therefore take the same code path
+through the optimizer as manifold weights: the section of a point Y is Y itself (a translation),
+``global_rep`` returns Δ, ``retraction`` returns W, and ``apply_section(Y, W) = Y + W``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _backend
+from .. import random as _random
+from .base import Manifold
+
+__all__ = ["Euclidean"]
+
+Array = Any
+
+
+class Euclidean(Manifold):
+    """A vector space of arrays of any shape (the default for unconstrained weights)."""
+
+    point_shape = None
+    validate = False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Euclidean)
+
+    def __hash__(self) -> int:
+        return hash(Euclidean)
+
+    def __repr__(self) -> str:
+        return "Euclidean()"
+
+    def random(
+        self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
+    ) -> Array:
+        """Standard normal entries of shape ``batch_shape``."""
+        return _random.normal(seed, tuple(batch_shape), xp=xp, dtype=dtype, device=device)
+
+    def is_point(self, Y: Array, atol: float | None = None) -> bool:
+        xp = self._namespace(Y=Y)
+        return bool(xp.all(xp.isfinite(Y)))
+
+    def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
+        xp = self._check_tangent_shape(Y, D, "D")
+        return bool(xp.all(xp.isfinite(D)))
+
+    def project(self, Y: Array, G: Array) -> Array:
+        self._check_tangent_shape(Y, G, "G")
+        return G
+
+    def metric(self, Y: Array, D1: Array, D2: Array) -> Array:
+        """⟨Δ₁, Δ₂⟩ = Σ Δ₁ ⊙ Δ₂ over all axes."""
+        xp = self._check_tangent_shape(Y, D1, "D1")
+        self._check_tangent_shape(Y, D2, "D2")
+        return xp.sum(D1 * D2)
+
+    def rgrad(self, Y: Array, dL: Array) -> Array:
+        self._check_tangent_shape(Y, dL, "dL")
+        return dL
+
+    def global_section(self, Y: Array, *, seed: Any = None) -> Array:
+        self._namespace(Y=Y)
+        return Y
+
+    def global_rep(self, lam: Array, D: Array) -> Array:
+        self._check_tangent_shape(lam, D, "D")
+        return D
+
+    def retraction(self, W: Array, method: str | None = None) -> Array:
+        _backend.check_real_floating(W, "W")
+        return W
+
+    def apply_section(self, lam: Array, X: Array) -> Array:
+        """Y + X: the retraction of a vector space is addition."""
+        self._check_tangent_shape(lam, X, "X")
+        return lam + X

@@ -1,0 +1,85 @@
+"""The Grassmann manifold Gr(N, n) of n-dimensional subspaces of R^N, as O(N)/(O(n)×O(N−n)).
+
+A subspace is represented by an orthonormal basis Y (N×n, YᵀY = I); the tangent space at Y is the
+horizontal space {Δ : YᵀΔ = 0}. Compared with Stiefel:
+
+* metric g_Y(Δ₁, Δ₂) = tr(Δ₁ᵀΔ₂) and rgrad(Y, ∇L) = (I − YYᵀ)∇L;
+* Ω(Δ) = ΔYᵀ − YΔᵀ, so the global representation is [[0, −Bᵀ], [B, 0]] with B = Q⊥ᵀΔ: the
+  A-block of the Stiefel case vanishes (:class:`~geoarray.manifolds.horizontal.GrassmannHorizontal`);
+* the retraction is the Stiefel one with A = 0: exp(W)E through the same 2n×2n kernel.
+
+Sections, random points and validation are those of the Stiefel manifold (the group is O(N) in both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._backend import device as _device
+from .horizontal import GrassmannHorizontal
+from .sections import DenseSection, HouseholderSection
+from .stiefel import OrthonormalFrames
+
+__all__ = ["Grassmann"]
+
+Array = Any
+
+
+class Grassmann(OrthonormalFrames):
+    """Gr(N, n): n-dimensional subspaces of R^N, represented by orthonormal bases Y (N×n).
+
+    Takes the same keywords as :class:`~geoarray.manifolds.Stiefel` (section strategy,
+    retraction method, validation).
+    """
+
+    @property
+    def dim(self) -> int:
+        """Manifold dimension n(N − n)."""
+        return self.n * (self.N - self.n)
+
+    def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
+        """YᵀΔ = 0 within atol (horizontal lift of a tangent vector)."""
+        xp = self._check_tangent_shape(Y, D, "D")
+        atol = self._default_atol(D.dtype, xp) if atol is None else atol
+        return bool(xp.all(xp.abs(xp.matrix_transpose(Y) @ D) <= atol))
+
+    def project(self, Y: Array, G: Array) -> Array:
+        """(I − YYᵀ)G."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, G, "G")
+        return G - Y @ (xp.matrix_transpose(Y) @ G)
+
+    def metric(self, Y: Array, D1: Array, D2: Array) -> Array:
+        """g_Y(Δ₁, Δ₂) = tr(Δ₁ᵀΔ₂), per batch element."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, D1, "D1")
+        self._check_tangent_shape(Y, D2, "D2")
+        return xp.sum(D1 * D2, axis=(-2, -1))
+
+    def rgrad(self, Y: Array, dL: Array) -> Array:
+        """Riemannian gradient (I − YYᵀ)∇L."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, dL, "dL")
+        return dL - Y @ (xp.matrix_transpose(Y) @ dL)
+
+    def omega(self, Y: Array, D: Array) -> Array:
+        """Ω(Δ) = ΔYᵀ − YΔᵀ ∈ g^{hor,Y}, dense N×N: for tests and docs."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, D, "D")
+        return D @ xp.matrix_transpose(Y) - Y @ xp.matrix_transpose(D)
+
+    def global_rep(self, lam: HouseholderSection | DenseSection, D: Array) -> GrassmannHorizontal:
+        """λ⁻¹Ω(Δ)λ = [[0, −Bᵀ], [B, 0]] with B = Q⊥ᵀΔ (eq. 11 with A = YᵀΔ = 0)."""
+        self._check_tangent_shape(lam.Y, D, "D")
+        return GrassmannHorizontal(lam.perp_t(D))
+
+    def _check_horizontal(self, W: Any, name: str = "W") -> Any:
+        if not isinstance(W, GrassmannHorizontal):
+            raise TypeError(f"{name} must be a GrassmannHorizontal for {self!r}, got {type(W).__name__}")
+        xp = self._namespace(B=W.B)
+        self._check_trailing(W.B, f"{name}.B", (self.N - self.n, self.n))
+        return xp
+
+    def _half_a(self, W: GrassmannHorizontal, xp: Any) -> Array:
+        n = self.n
+        return xp.zeros((*W.B.shape[:-2], n, n), dtype=W.B.dtype, device=_device(W.B))

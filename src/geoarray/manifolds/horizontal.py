@@ -1,0 +1,148 @@
+"""Elements of the global tangent space representation g^hor (paper, eq. 12).
+
+For the Stiefel manifold St(N, n) = O(N)/O(N − n) with distinguished point E = [I_n; 0],
+
+    g^hor = { [[A, −Bᵀ], [B, 0]] : A ∈ R^{n×n} skew-symmetric, B ∈ R^{(N−n)×n} }     (eq. 12)
+
+and for the Grassmann manifold the same with A = 0. These elements are what the optimizer caches
+hold (Algorithm 1), so they support the arithmetic of eqs. 5–8: ``+``, ``-``, scalar and
+elementwise ``*``, ``/``, ``sqrt``, ``zeros_like``.
+
+Storage: ``A`` is kept as the full skew-symmetric n×n matrix and ``B`` as the (N−n)×n block;
+the zero (N−n)×(N−n) block is never stored, so memory is O(N·n). Elementwise arithmetic acts
+identically on a_ij and a_ji, so every independent entry carries one set of Adam statistics: the
+second moment of A is symmetric, the velocity A₁/√(A₂ + δ) stays skew. Reductions
+(:meth:`inner`, :meth:`norm`) count each independent entry once with the weight of the canonical
+metric ⟨X, Y⟩ = ½ tr(XᵀY) = ½ tr(A₁ᵀA₂) + tr(B₁ᵀB₂) = Σ_{i>j} a¹_ij a²_ij + Σ b¹ b².
+
+Both classes subclass a ``NamedTuple``: optree, ``jax.tree_util`` and ``torch.utils._pytree``
+treat them as tree nodes with their fields as children, so optimizer states holding them are plain
+trees that ``jax.jit`` and checkpointing understand, with no registration step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .._backend import array_namespace
+from .._backend import device as _device
+
+__all__ = ["GrassmannHorizontal", "StiefelHorizontal"]
+
+Array = Any
+
+
+def _fields(x: Any, like: Any) -> tuple:
+    """Operand fields for arithmetic with ``like``: same class → its fields, scalar → repeated."""
+    if isinstance(x, type(like)):
+        return tuple(x)
+    if isinstance(x, tuple):
+        raise TypeError(f"cannot combine {type(like).__name__} with {type(x).__name__}")
+    return (x,) * len(like)
+
+
+class _HorizontalArithmetic:
+    """Fieldwise arithmetic shared by the horizontal-element NamedTuples.
+
+    Tuple concatenation/repetition are replaced by elementwise arithmetic on the fields.
+    """
+
+    __slots__ = ()
+
+    def _map(self, fn, *others):
+        cols = [_fields(o, self) for o in others]
+        return type(self)(*(fn(a, *(c[i] for c in cols)) for i, a in enumerate(self)))
+
+    def __add__(self, other):
+        return self._map(lambda a, b: a + b, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._map(lambda a, b: a - b, other)
+
+    def __rsub__(self, other):
+        return self._map(lambda a, b: b - a, other)
+
+    def __mul__(self, other):
+        return self._map(lambda a, b: a * b, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return self._map(lambda a, b: a / b, other)
+
+    def __rtruediv__(self, other):
+        return self._map(lambda a, b: b / a, other)
+
+    def __neg__(self):
+        return self._map(lambda a: -a)
+
+    def __pos__(self):
+        return self
+
+    def sqrt(self):
+        return self._map(lambda a: array_namespace(a).sqrt(a))
+
+    def zeros_like(self):
+        return self._map(lambda a: array_namespace(a).zeros_like(a))
+
+    @property
+    def dtype(self):
+        return self[-1].dtype
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self[-1].shape[:-2])
+
+
+class _StiefelFields(NamedTuple):
+    A: Array
+    B: Array
+
+
+class _GrassmannFields(NamedTuple):
+    B: Array
+
+
+class StiefelHorizontal(_HorizontalArithmetic, _StiefelFields):
+    """[[A, −Bᵀ], [B, 0]] ∈ g^hor of St(N, n): A (..., n, n) skew, B (..., N−n, n)."""
+
+    __slots__ = ()
+
+    def to_dense(self) -> Array:
+        """The (..., N, N) matrix [[A, −Bᵀ], [B, 0]] (for tests and docs; O(N²) memory)."""
+        xp = array_namespace(A=self.A, B=self.B)
+        top = xp.concat([self.A, -xp.matrix_transpose(self.B)], axis=-1)
+        m = self.B.shape[-2]
+        zeros = xp.zeros((*self.B.shape[:-2], m, m), dtype=self.B.dtype, device=_device(self.B))
+        bottom = xp.concat([self.B, zeros], axis=-1)
+        return xp.concat([top, bottom], axis=-2)
+
+    def inner(self, other: StiefelHorizontal) -> Array:
+        """Canonical metric ½ tr(XᵀY) = ½ tr(A₁ᵀA₂) + tr(B₁ᵀB₂), per batch element."""
+        xp = array_namespace(self.A, other.A)
+        return xp.sum(self.A * other.A, axis=(-2, -1)) / 2 + xp.sum(self.B * other.B, axis=(-2, -1))
+
+    def norm(self) -> Array:
+        return array_namespace(self.A).sqrt(self.inner(self))
+
+
+class GrassmannHorizontal(_HorizontalArithmetic, _GrassmannFields):
+    """[[0, −Bᵀ], [B, 0]] ∈ g^hor of Gr(N, n): B (..., N−n, n)."""
+
+    __slots__ = ()
+
+    def to_dense(self) -> Array:
+        xp = array_namespace(B=self.B)
+        n = self.B.shape[-1]
+        zeros_a = xp.zeros((*self.B.shape[:-2], n, n), dtype=self.B.dtype, device=_device(self.B))
+        return StiefelHorizontal(zeros_a, self.B).to_dense()
+
+    def inner(self, other: GrassmannHorizontal) -> Array:
+        """Canonical metric ½ tr(XᵀY) = tr(B₁ᵀB₂), per batch element."""
+        xp = array_namespace(self.B, other.B)
+        return xp.sum(self.B * other.B, axis=(-2, -1))
+
+    def norm(self) -> Array:
+        return array_namespace(self.B).sqrt(self.inner(self))

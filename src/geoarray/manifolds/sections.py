@@ -1,0 +1,90 @@
+"""Global sections λ(Y) ∈ O(N) with λ(Y)E = Y for the Stiefel and Grassmann manifolds.
+
+A section completes an orthonormal Y (N×n) to an orthogonal matrix λ(Y) = [Y, Q⊥] (Definition 5
+of the paper). The optimizer needs only three things from it:
+
+* ``section.Y``: the point itself, the first n columns;
+* ``section.perp_t(Δ)`` = Q⊥ᵀΔ, the B-block of the global representation (eq. 11);
+* ``section.perp(X)`` = Q⊥X, to apply the section to a retracted point (eq. 13).
+
+Strategies (the manifold's ``section`` keyword chooses):
+
+``"householder"`` → :class:`HouseholderSection`
+    Q⊥ = the last N − n columns of the Householder Q of Y in compact-WY form Q = I − V T Vᵀ.
+    Deterministic, O(N·n²) to build, O(N·n) memory, applied in O(N·n·k). Never N×N.
+``"random"`` → :class:`DenseSection`
+    The paper's Algorithm 2: sample A ∈ R^{N×(N−n)}, remove its Y-component, QR. Dense
+    N×(N−n) storage and an O(N²(N−n)) QR per call; explicitly seeded.
+``"transported"`` → :class:`DenseSection`
+    Created once (from the Householder section) and carried along the optimisation as
+    Λ ← Λ·exp(V) (the GeometricMachineLearning.jl behaviour), so the g^hor coordinates of the
+    optimizer cache refer to a frame that moves with the weights. Dense N×N memory and an
+    O(N²·n) update per step.
+
+The retracted point Λ·retraction(W) does not depend on the section (Λ exp(Λ⁻¹ΩΛ) E = exp(Ω) Y); the
+g^hor coordinates of a cache do, which is why the strategy is a visible choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .. import linalg
+from .._backend import array_namespace
+from .._backend import device as _device
+
+__all__ = ["DenseSection", "HouseholderSection"]
+
+Array = Any
+
+
+class HouseholderSection(NamedTuple):
+    """λ(Y) = [Y, Q⊥] with Q⊥ the trailing columns of Q = I − V T Vᵀ (Householder QR of Y)."""
+
+    Y: Array
+    V: Array
+    T: Array
+
+    @classmethod
+    def of(cls, Y: Array) -> HouseholderSection:
+        qr = linalg.householder_qr(Y)
+        return cls(Y, qr.V, qr.T)
+
+    def perp_t(self, D: Array) -> Array:
+        """Q⊥ᵀ D for D (..., N, k): the last N − n rows of Qᵀ D, in O(N·n·k)."""
+        n = self.Y.shape[-1]
+        return linalg.apply_qt(self.V, self.T, D)[..., n:, :]
+
+    def perp(self, X: Array) -> Array:
+        """Q⊥ X for X (..., N − n, k) = Q [0; X], in O(N·n·k)."""
+        xp = array_namespace(X=X, V=self.V)
+        n = self.Y.shape[-1]
+        V, T = self.V, self.T
+        # Q [0; X] = [0; X] − V T (V[n:]ᵀ X): only the lower block of V meets X
+        correction = V @ (T @ (xp.matrix_transpose(V[..., n:, :]) @ X))
+        zeros = xp.zeros((*X.shape[:-2], n, X.shape[-1]), dtype=X.dtype, device=_device(X))
+        return xp.concat([zeros, X], axis=-2) - correction
+
+
+class DenseSection(NamedTuple):
+    """λ(Y) = [Y, Q⊥] stored densely: Q⊥ is (..., N, N − n)."""
+
+    Y: Array
+    Qperp: Array
+
+    @classmethod
+    def from_householder(cls, lam: HouseholderSection) -> DenseSection:
+        N, n = lam.Y.shape[-2], lam.Y.shape[-1]
+        xp = array_namespace(lam.Y)
+        eye = xp.broadcast_to(linalg.eye(N - n, lam.Y), (*lam.Y.shape[:-2], N - n, N - n))
+        return cls(lam.Y, lam.perp(eye))
+
+    def perp_t(self, D: Array) -> Array:
+        return array_namespace(self.Qperp).matrix_transpose(self.Qperp) @ D
+
+    def perp(self, X: Array) -> Array:
+        return self.Qperp @ X
+
+    def to_dense(self) -> Array:
+        """Λ = [Y, Q⊥] as an (..., N, N) array."""
+        return array_namespace(self.Y).concat([self.Y, self.Qperp], axis=-1)

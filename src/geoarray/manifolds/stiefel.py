@@ -1,0 +1,349 @@
+"""The Stiefel manifold St(N, n) = {Y ∈ R^{N×n} : YᵀY = I} as the homogeneous space O(N)/O(N−n).
+
+Paper (Brantner), sections 2–3 and appendices A–C:
+
+* canonical metric g_Y(V₁, V₂) = tr(V₁ᵀ(I − ½YYᵀ)V₂)                                    (eq. 3)
+* Riemannian gradient rgrad(Y, ∇L) = ∇L − Y ∇Lᵀ Y                                       (eq. 4)
+* Ω(Δ) = (I − ½YYᵀ)ΔYᵀ − YΔᵀ(I − ½YYᵀ) ∈ g^{hor,Y}, Ω(Δ)Y = Δ                     (eqs. 10, 17)
+* global representation λ⁻¹Ω(Δ)λ = [[A, −Bᵀ], [B, 0]], A = YᵀΔ, B = Q⊥ᵀΔ                (eqs. 11-12)
+* geodesic retraction exp(W)E through the N×2n factorisation W = B′B″ᵀ               (eqs. 18–21)
+
+Retraction. With W = [[A, −Bᵀ], [B, 0]] = B′B″ᵀ, B′ = [[½A, I], [B, 0]], B″ᵀ = [[I, 0], [½A, −Bᵀ]],
+every function of W that the optimizer needs is I + B′ K B″ᵀ with a 2n×2n matrix K of
+X = B″ᵀB′ = [[½A, I], [¼A² − BᵀB, ½A]]:
+
+* geodesic: exp(W) = I + B′ φ₁(X) B″ᵀ with φ₁(X) = Σ_k X^k/(k+1)! (eqs. 19–20). φ₁ is evaluated
+  by scaling and squaring instead of the seed's open Taylor loop (Algorithm 4, which loses
+  orthogonality for ‖B‖ ≳ 40 and overflows near 700): with X_s = X/2ˢ, ‖X_s‖₁ ≤ ½, a degree-14
+  Taylor polynomial gives φ₁(X_s) to unit roundoff, and the doubling identity
+  φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
+* Cayley: Cay(W) = (I − ½W)⁻¹(I + ½W) = I + B′(I − ½X)⁻¹B″ᵀ (Woodbury), one 2n×2n solve.
+
+So exp(W)E = E + B′ K [I; ½A] costs O(N·n²) and never forms anything N×N.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _backend, linalg
+from .. import random as _random
+from .._backend import as_namespace
+from .._backend import device as _device
+from .base import _RETRACTIONS, _SECTIONS, Manifold, _check_choice, _check_size
+from .horizontal import StiefelHorizontal
+from .sections import DenseSection, HouseholderSection
+
+__all__ = ["OrthonormalFrames", "Stiefel"]
+
+Array = Any
+
+_PHI1_DEGREE = 14
+_PHI1_THETA = 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# The 2n×2n kernel shared by Stiefel and Grassmann
+# ---------------------------------------------------------------------------------------------
+
+
+def _phi1(X: Array, xp: Any, max_doublings: int) -> Array:
+    """φ₁(X) = Σ_k X^k/(k+1)! = (e^X − I)X⁻¹ by scaling and doubling (see the module docstring)."""
+    m = X.shape[-1]
+    eye = linalg.eye(m, X)
+    norm1 = xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
+    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
+    s = xp.ceil(xp.log2(xp.maximum(norm1 / _PHI1_THETA, one)))
+    Xs = X / xp.pow(2.0, s)[..., None, None]
+    U = eye
+    for k in range(_PHI1_DEGREE, 0, -1):  # Horner: φ₁ = I + X/2 (I + X/3 (I + …))
+        U = eye + (Xs @ U) / (k + 1)
+
+    def double(k, carry):
+        U, Xk = carry
+        active = (s > k)[..., None, None]
+        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
+
+    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
+    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
+    return xp.where((s > max_doublings)[..., None, None], nan, U)
+
+
+def _xmat(halfA: Array, B: Array, xp: Any) -> Array:
+    """X = B″ᵀB′ = [[½A, I], [¼A² − BᵀB, ½A]]."""
+    n = B.shape[-1]
+    eye = xp.broadcast_to(linalg.eye(n, B), halfA.shape)
+    top = xp.concat([halfA, eye], axis=-1)
+    bottom = xp.concat([halfA @ halfA - xp.matrix_transpose(B) @ B, halfA], axis=-1)
+    return xp.concat([top, bottom], axis=-2)
+
+
+def _kernel(halfA: Array, B: Array, xp: Any, method: str, max_doublings: int) -> Array:
+    """K with g(W) = I + B′ K B″ᵀ: φ₁(X) (geodesic) or (I − ½X)⁻¹ (Cayley)."""
+    X = _xmat(halfA, B, xp)
+    if method == "geodesic":
+        return _phi1(X, xp, max_doublings)
+    eye = linalg.eye(X.shape[-1], X)
+    return xp.linalg.solve(eye - X / 2, xp.broadcast_to(eye, X.shape))
+
+
+def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
+    """g(W)E = E + B′ K [I; ½A] as an (..., N, n) array (½A = 0 for Grassmann)."""
+    n = B.shape[-1]
+    eye = linalg.eye(n, B)
+    c = xp.concat([xp.broadcast_to(eye, halfA.shape), halfA], axis=-2)  # B″ᵀE, (..., 2n, n)
+    if method == "geodesic":
+        D = _kernel(halfA, B, xp, method, max_doublings) @ c
+    else:
+        D = xp.linalg.solve(linalg.eye(2 * n, B) - _xmat(halfA, B, xp) / 2, c)
+    D_top, D_bot = D[..., :n, :], D[..., n:, :]
+    top = eye + halfA @ D_top + D_bot
+    return xp.concat([top, B @ D_top], axis=-2)
+
+
+def _transport(
+    Y: Array, Qperp: Array, halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int
+) -> tuple[Array, Array]:
+    """Λ·g(W) for a dense Λ = [Y, Q⊥]: Λ + (ΛB′) K B″ᵀ, in O(N²·n)."""
+    n = B.shape[-1]
+    K = _kernel(halfA, B, xp, method, max_doublings)
+    LB = xp.concat([Y @ halfA + Qperp @ B, xp.broadcast_to(Y, (*halfA.shape[:-2], *Y.shape[-2:]))], axis=-1)
+    P = LB @ K  # (..., N, 2n)
+    Y_new = Y + P[..., :, :n] + P[..., :, n:] @ halfA
+    Qperp_new = Qperp - P[..., :, n:] @ xp.matrix_transpose(B)
+    return Y_new, Qperp_new
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifold
+# ---------------------------------------------------------------------------------------------
+
+
+class OrthonormalFrames(Manifold):
+    """Shared machinery of Stiefel and Grassmann: points are orthonormal N×n frames, the group is O(N).
+
+    Parameters
+    ----------
+    N, n : int
+        Ambient rows and columns, 1 ≤ n ≤ N.
+    section : {"householder", "random", "transported"}
+        How λ(Y) completes Y to an orthogonal matrix (see :mod:`geoarray.manifolds.sections`):
+        Householder compact-WY (default; deterministic, O(N·n) memory), the paper's Algorithm 2
+        (seeded; dense N×(N−n)), or created once and transported by the optimizer (dense N×N,
+        the GeometricMachineLearning.jl behaviour).
+    retraction_method : {"geodesic", "cayley"}
+        Default of :meth:`retraction`.
+    validate : bool
+        Check that points passed in satisfy YᵀY = I (costs a reduction and a host sync per call).
+    max_doublings : int
+        Bound on the doublings of the geodesic kernel; 64 covers ‖W‖ far beyond any optimizer step
+        (‖W‖ ≈ 1e3 needs about 21). Elements that would need more come out NaN.
+    """
+
+    def __init__(
+        self,
+        N: int,
+        n: int,
+        *,
+        section: str = "householder",
+        retraction_method: str = "geodesic",
+        validate: bool = False,
+        max_doublings: int = 64,
+    ):
+        self.N = _check_size(N, "N")
+        self.n = _check_size(n, "n")
+        if self.n > self.N:
+            raise ValueError(f"{type(self).__name__} needs n ≤ N, got N={self.N}, n={self.n}")
+        self.section = _check_choice(section, "section", _SECTIONS)
+        self.retraction_method = _check_choice(retraction_method, "retraction_method", _RETRACTIONS)
+        self.validate = bool(validate)
+        self.max_doublings = _check_size(max_doublings, "max_doublings")
+
+    # -- identity --------------------------------------------------------------------------
+
+    def _key(self) -> tuple:
+        return (type(self), self.N, self.n, self.section, self.retraction_method, self.validate, self.max_doublings)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Manifold) and getattr(other, "_key", None) is not None and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        extra = "" if self.section == "householder" else f", section={self.section!r}"
+        extra += "" if self.retraction_method == "geodesic" else f", retraction_method={self.retraction_method!r}"
+        return f"{type(self).__name__}({self.N}, {self.n}{extra})"
+
+    @property
+    def point_shape(self) -> tuple[int, int]:
+        return (self.N, self.n)
+
+    # -- points ------------------------------------------------------------------------------
+
+    def random(
+        self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
+    ) -> Array:
+        """A Haar-distributed point (Algorithm 3: QR of a Gaussian N×n matrix).
+
+        The columns of Q are multiplied by the signs of diag(R) so that the factorisation is
+        unique and the distribution is the uniform (Haar) one (Mezzadri 2006).
+        """
+        xp = as_namespace(xp)
+        A = _random.normal(seed, (*tuple(batch_shape), self.N, self.n), xp=xp, dtype=dtype, device=device)
+        Q, R = xp.linalg.qr(A)
+        d = xp.linalg.diagonal(R)
+        signs = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
+        return Q * signs[..., None, :]
+
+    def is_point(self, Y: Array, atol: float | None = None) -> bool:
+        """max |YᵀY − I| ≤ atol over the whole batch (default 1e-10 in float64, 1e-4 in float32)."""
+        xp = self._namespace(Y=Y)
+        self._check_trailing(Y, "Y", self.point_shape)
+        atol = self._default_atol(Y.dtype, xp) if atol is None else atol
+        err = xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y)
+        return bool(xp.all(xp.abs(err) <= atol))
+
+    # -- sections and the global representation ------------------------------------------------
+
+    def global_section(self, Y: Array, *, seed: Any = None) -> HouseholderSection | DenseSection:
+        """λ(Y) = [Y, Q⊥] by the manifold's section strategy (see :mod:`~geoarray.manifolds.sections`).
+
+        ``section="random"`` needs ``seed`` (an int, SeedSequence or Generator): Algorithm 2 draws
+        A ∈ R^{N×(N−n)}, removes its Y-component and orthonormalises it. For ``"transported"``
+        this is the initial section; the optimizer carries it on with :meth:`transport_section`.
+        """
+        xp = self._check_point(Y)
+        if self.section == "random":
+            if seed is None:
+                raise TypeError(f"{self!r} with section='random' needs a seed for global_section (Algorithm 2)")
+            A = _random.normal(seed, (*Y.shape[:-2], self.N, self.N - self.n), xp=xp, dtype=Y.dtype, device=_device(Y))
+            A = A - Y @ (xp.matrix_transpose(Y) @ A)
+            Qperp, _ = xp.linalg.qr(A)
+            # one re-orthogonalisation against Y keeps YᵀQ⊥ at rounding level even for N ≫ n
+            Qperp = Qperp - Y @ (xp.matrix_transpose(Y) @ Qperp)
+            Qperp, _ = xp.linalg.qr(Qperp)
+            return DenseSection(Y, Qperp)
+        lam = HouseholderSection.of(Y)
+        if self.section == "transported":
+            return DenseSection.from_householder(lam)
+        return lam
+
+    def _method(self, method: str | None) -> str:
+        return self.retraction_method if method is None else _check_choice(method, "method", _RETRACTIONS)
+
+    def retraction(self, W: Any, method: str | None = None) -> Array:
+        """exp(W)E (``"geodesic"``) or Cay(W)E = (I − ½W)⁻¹(I + ½W)E (``"cayley"``), (..., N, n).
+
+        Only 2n×2n matrices are exponentiated or solved (eqs. 19–21, see the module docstring);
+        cost O(N·n²). The result is orthonormal to ~1e-13 in float64 for ‖W‖ up to 1e3.
+        """
+        xp = self._check_horizontal(W)
+        method = self._method(method)
+        kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
+        return kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
+
+    def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
+        """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k))."""
+        self._namespace(X=X, Y=lam.Y)
+        if X.ndim < 2 or X.shape[-2] != self.N:
+            raise ValueError(f"X must have {self.N} rows for {self!r}, got shape {tuple(X.shape)}")
+        return lam.Y @ X[..., : self.n, :] + lam.perp(X[..., self.n :, :])
+
+    def transport_section(self, lam: DenseSection, W: Any, method: str | None = None) -> DenseSection:
+        """Λ ← Λ·g(W) with g = exp (geodesic) or Cay: the ``"transported"`` strategy's update.
+
+        The new point is the first n columns, Λ·g(W)·E, the same point that
+        ``apply_section(lam, retraction(W))`` gives. Dense: O(N²·n) time, O(N²) memory.
+        """
+        if not isinstance(lam, DenseSection):
+            raise TypeError(f"transport_section needs a DenseSection, got {type(lam).__name__}")
+        xp = self._check_horizontal(W)
+        method = self._method(method)
+        kernel = _backend.compiled(_transport, xp, "xp", "method", "max_doublings")
+        Y, Qperp = kernel(
+            lam.Y, lam.Qperp, self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings
+        )
+        return DenseSection(Y, Qperp)
+
+
+class Stiefel(OrthonormalFrames):
+    """St(N, n) = {Y ∈ R^{N×n} : YᵀY = I_n}, a homogeneous space of O(N).
+
+    Parameters
+    ----------
+    N, n : int
+        Ambient rows and columns, 1 ≤ n ≤ N.
+    section : {"householder", "random", "transported"}
+        How λ(Y) completes Y to an orthogonal matrix (see :mod:`geoarray.manifolds.sections`):
+        Householder compact-WY (default; deterministic, O(N·n) memory), the paper's Algorithm 2
+        (seeded; dense N×(N−n)), or created once and transported by the optimizer (dense N×N,
+        the GeometricMachineLearning.jl behaviour).
+    retraction_method : {"geodesic", "cayley"}
+        Default of :meth:`retraction`.
+    validate : bool
+        Check that points passed in satisfy YᵀY = I (costs a reduction and a host sync per call).
+    max_doublings : int
+        Bound on the doublings of the geodesic kernel; 64 covers ‖W‖ far beyond any optimizer step
+        (‖W‖ ≈ 1e3 needs about 21). Elements that would need more come out NaN.
+    """
+
+    @property
+    def dim(self) -> int:
+        """Manifold dimension N·n − n(n+1)/2."""
+        return self.N * self.n - self.n * (self.n + 1) // 2
+
+    def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
+        """YᵀΔ + ΔᵀY = 0 within atol."""
+        xp = self._check_tangent_shape(Y, D, "D")
+        atol = self._default_atol(D.dtype, xp) if atol is None else atol
+        YtD = xp.matrix_transpose(Y) @ D
+        return bool(xp.all(xp.abs(YtD + xp.matrix_transpose(YtD)) <= atol))
+
+    def project(self, Y: Array, G: Array) -> Array:
+        """Orthogonal projection of G onto T_Y St: G − Y sym(YᵀG)."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, G, "G")
+        return G - Y @ linalg.sym(xp.matrix_transpose(Y) @ G)
+
+    # -- metric and gradient -------------------------------------------------------------------
+
+    def metric(self, Y: Array, D1: Array, D2: Array) -> Array:
+        """g_Y(Δ₁, Δ₂) = tr(Δ₁ᵀ(I − ½YYᵀ)Δ₂) (eq. 3), per batch element."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, D1, "D1")
+        self._check_tangent_shape(Y, D2, "D2")
+        Yt = xp.matrix_transpose(Y)
+        return xp.sum(D1 * D2, axis=(-2, -1)) - xp.sum((Yt @ D1) * (Yt @ D2), axis=(-2, -1)) / 2
+
+    def rgrad(self, Y: Array, dL: Array) -> Array:
+        """Riemannian gradient for the canonical metric: ∇L − Y ∇Lᵀ Y (eq. 4)."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, dL, "dL")
+        return dL - Y @ (xp.matrix_transpose(dL) @ Y)
+
+    def omega(self, Y: Array, D: Array) -> Array:
+        """Ω(Δ) = (I − ½YYᵀ)ΔYᵀ − YΔᵀ(I − ½YYᵀ) ∈ g^{hor,Y} (eq. 10), dense N×N: for tests and docs."""
+        xp = self._check_point(Y)
+        self._check_tangent_shape(Y, D, "D")
+        Yt = xp.matrix_transpose(Y)
+        PD = D - Y @ (Yt @ D) / 2  # (I − ½YYᵀ)Δ
+        return PD @ Yt - Y @ xp.matrix_transpose(PD)
+
+    def global_rep(self, lam: HouseholderSection | DenseSection, D: Array) -> StiefelHorizontal:
+        """λ⁻¹Ω(Δ)λ = [[A, −Bᵀ], [B, 0]] with A = skew(YᵀΔ), B = Q⊥ᵀΔ (eq. 11)."""
+        Y = lam.Y
+        xp = self._check_tangent_shape(Y, D, "D")
+        A = linalg.skew(xp.matrix_transpose(Y) @ D)
+        return StiefelHorizontal(A, lam.perp_t(D))
+
+    def _check_horizontal(self, W: Any, name: str = "W") -> Any:
+        if not isinstance(W, StiefelHorizontal):
+            raise TypeError(f"{name} must be a StiefelHorizontal for {self!r}, got {type(W).__name__}")
+        xp = self._namespace(A=W.A, B=W.B)
+        self._check_trailing(W.A, f"{name}.A", (self.n, self.n))
+        self._check_trailing(W.B, f"{name}.B", (self.N - self.n, self.n))
+        return xp
+
+    def _half_a(self, W: StiefelHorizontal, xp: Any) -> Array:
+        return W.A / 2
