@@ -5,7 +5,7 @@ standard and run unchanged on NumPy, CuPy, PyTorch and JAX. Importing geoarray n
 heavy backend: the namespace of the arrays you pass in decides where the work runs.
 """
 
-from . import linalg, manifolds, random
+from . import linalg, manifolds, optim, random
 from ._backend import array_namespace, default_float, resolve_dtype
 from .manifolds import Euclidean, Grassmann, Stiefel
 
@@ -20,6 +20,7 @@ __all__ = [
     "default_float",
     "linalg",
     "manifolds",
+    "optim",
     "random",
     "resolve_dtype",
 ]

@@ -20,6 +20,7 @@ Heavy backends (torch, jax, cupy) are never imported here; their presence is rea
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -156,6 +157,46 @@ def as_namespace(xp: Any) -> Namespace:
 def device(x: Array) -> Any:
     """The device an array lives on (``array_api_compat.device``)."""
     return _compat.device(x)
+
+
+def to_host(x: Array) -> Any:
+    """A NumPy copy of ``x`` (for saving and printing; the one sanctioned device→host transfer)."""
+    import numpy as np
+
+    if isinstance(x, np.generic):  # NumPy scalars from 0-d arithmetic
+        return np.asarray(x).copy()
+    xp = array_namespace(x=x)
+    if is_numpy(xp):
+        return np.array(x, copy=True)
+    if is_torch(xp):
+        return x.detach().cpu().numpy().copy()
+    if is_cupy(xp):
+        return x.get()
+    if is_jax(xp):
+        return np.array(x, copy=True)
+    return np.array(np.from_dlpack(x), copy=True)
+
+
+def is_traced(x: Any) -> bool:
+    """True for a JAX tracer (inside ``jax.jit``/``vmap``): its values cannot be read on the host."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.core.Tracer)
+
+
+_JAX_REGISTERED: set[type] = set()
+
+
+def register_jax_pytree(cls: type, flatten: Callable[[Any], tuple], unflatten: Callable[[Any, Any], Any]) -> None:
+    """Register ``cls`` as a JAX pytree node, if JAX is already imported (never imports it).
+
+    Called by the optimizer whenever it builds a state from JAX arrays, so ``jax.jit`` can take the
+    state as an argument; a no-op on other backends and after the first registration.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None or cls in _JAX_REGISTERED:
+        return
+    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
+    _JAX_REGISTERED.add(cls)
 
 
 # --------------------------------------------------------------------------------------------

@@ -235,8 +235,9 @@ class HouseholderQR(NamedTuple):
     """Householder QR of a tall A (..., N, n) in compact-WY form.
 
     ``A = Q[:, :n] R`` with ``Q = H₁⋯Hₙ = I − V T Vᵀ``, where Hₖ = I − τₖ vₖ vₖᵀ (LAPACK's geqrf
-    convention, vₖ[k] = 1), ``V`` (..., N, n) unit lower trapezoidal, ``T`` (..., n, n) upper
-    triangular and ``R`` (..., n, n) upper triangular. Memory O(N·n); Q itself is never formed.
+    convention, vₖ[k] = 1), ``V`` (..., N, n) unit lower trapezoidal (a column whose reflector is the
+    identity, τₖ = 0, is stored as zeros), ``T`` (..., n, n) upper triangular and ``R`` (..., n, n)
+    upper triangular. Memory O(N·n); Q itself is never formed.
     """
 
     V: Array
@@ -272,21 +273,22 @@ def _geqrf_generic(A: Array, xp: Any) -> tuple[Array, Array, Array]:
     return V, tau, xp.triu(R[..., :n, :])
 
 
-def _larft(V: Array, tau: Array, xp: Any) -> Array:
-    """T of the compact-WY form from V and τ (LAPACK dlarft, forward, columnwise).
+def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
+    """(V, T) of the compact-WY form Q = H₁⋯Hₙ = I − V T Vᵀ, via the UT transform.
 
-    T₁ = τ₁; Tₖ = [[Tₖ₋₁, −τₖ Tₖ₋₁ Vₖ₋₁ᵀ vₖ], [0, τₖ]]. Unlike the UT-transform
-    T⁻¹ = diag(1/τ) + striu(VᵀV), this stays finite when some τₖ = 0 (a column already reduced).
+    T⁻¹ = diag(1/τ) + striu(VᵀV) (Joffrain, Low, Quintana-Ortí, van de Geijn, Schreiber 2006), one
+    batched triangular solve instead of LAPACK dlarft's column-by-column recurrence. A reflector with
+    τₖ = 0 is the identity (LAPACK's choice when a column is already reduced); its vₖ is zeroed and
+    1/τₖ replaced by 1, which leaves V T Vᵀ unchanged and keeps T finite.
     """
     n = V.shape[-1]
-    G = _mT(V, xp) @ V  # (..., n, n)
-    T = xp.zeros((*V.shape[:-2], n, n), dtype=V.dtype, device=_backend.device(V))
-    for k in range(n):
-        if k > 0:
-            col = -tau[..., k, None] * xp.matmul(T[..., :k, :k], G[..., :k, k, None])[..., 0]
-            T = xpx.at(T)[..., :k, k].set(col)
-        T = xpx.at(T)[..., k, k].set(tau[..., k])
-    return T
+    active = tau != 0
+    V = V * xp.astype(active, V.dtype)[..., None, :]
+    inv_tau = xp.where(active, 1 / xp.where(active, tau, xp.ones_like(tau)), xp.ones_like(tau))
+    G = _mT(V, xp) @ V
+    T_inv = xp.triu(G, k=1) + xpx.create_diagonal(inv_tau, xp=xp)
+    eye_n = xp.broadcast_to(eye(n, V), T_inv.shape)
+    return V, xp.linalg.solve(T_inv, eye_n)
 
 
 def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:
@@ -295,7 +297,7 @@ def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:
     O(N·n²) time and O(N·n) memory. Native factorisations: ``torch.geqrf`` and NumPy's
     ``linalg.qr(mode="raw")``; the generic array-API path (used by JAX, CuPy and
     array-api-strict, or with ``impl="generic"``) performs the n reflections as batched
-    rank-one updates. T is assembled by :func:`_larft` in both cases.
+    rank-one updates. T comes from the UT transform (:func:`_compact_wy`) in both cases.
     """
     xp = array_namespace(A=A)
     _check_matrix(A, "A", xp)
@@ -307,7 +309,8 @@ def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:
     if out is NotImplemented:
         out = _backend.compiled(_geqrf_generic, xp, "xp")(A, xp=xp)
     V, tau, R = out
-    return HouseholderQR(V, _backend.compiled(_larft, xp, "xp")(V, tau, xp=xp), R)
+    V, T = _backend.compiled(_compact_wy, xp, "xp")(V, tau, xp=xp)
+    return HouseholderQR(V, T, R)
 
 
 def _check_wy(V: Array, T: Array, X: Array, xp: Any) -> None:

@@ -109,6 +109,8 @@ class StiefelHorizontal(_HorizontalArithmetic, _StiefelFields):
     """[[A, −Bᵀ], [B, 0]] ∈ g^hor of St(N, n): A (..., n, n) skew, B (..., N−n, n)."""
 
     __slots__ = ()
+    #: ⟨X, Y⟩ = ½ Σ A₁⊙A₂ + Σ B₁⊙B₂ (the canonical metric, see :meth:`inner`)
+    metric_weights = (0.5, 1.0)
 
     def to_dense(self) -> Array:
         """The (..., N, N) matrix [[A, −Bᵀ], [B, 0]] (for tests and docs; O(N²) memory)."""
@@ -132,6 +134,7 @@ class GrassmannHorizontal(_HorizontalArithmetic, _GrassmannFields):
     """[[0, −Bᵀ], [B, 0]] ∈ g^hor of Gr(N, n): B (..., N−n, n)."""
 
     __slots__ = ()
+    metric_weights = (1.0,)
 
     def to_dense(self) -> Array:
         xp = array_namespace(B=self.B)

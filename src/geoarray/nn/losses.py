@@ -1,0 +1,237 @@
+"""Loss functions with analytic pullbacks, and the stable softmax the layers share.
+
+Every loss is an object with one design::
+
+    value = loss.value(pred, target)            # a 0-d array (same namespace, dtype, device as pred)
+    value, pullback = loss.vjp(pred, target)    # reverse mode
+    dpred = pullback(dvalue=1.0)                # ∂(dvalue·loss)/∂pred, shaped like pred
+
+``loss(pred, target)`` is ``loss.value(pred, target)``. Gradients are taken with respect to
+``pred`` only (targets are data). All reductions run over every element, so any leading batch
+dimensions are allowed; the classification losses read the last axis as the class axis and average
+over all the others (the batch).
+
+Which loss goes with which output:
+
+=============================  ===========================================  ==============================
+loss                           ``pred`` is                                   typical producer
+=============================  ===========================================  ==============================
+:class:`RelativeL2Loss`        any array, compared with ``target``          regression / sequence models
+:class:`MSELoss`               any array                                    regression
+:class:`ClassificationL2Loss`  probabilities (..., C) (already softmaxed)   ``ClassificationLayer()``
+:class:`SoftmaxCrossEntropy`   logits (..., C) (softmax applied inside)     ``ClassificationLayer(logits=True)``
+=============================  ===========================================  ==============================
+
+:class:`~geoarray.nn.classification.ClassificationLayer` applies the softmax of eq. 16 by default,
+so its output feeds the paper's L2 loss; feeding it to :class:`SoftmaxCrossEntropy` would apply a
+second softmax. Classification targets are one-hot (or any probability) vectors shaped like
+``pred``, or integer labels shaped like ``pred.shape[:-1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .._backend import array_namespace, check_real_floating, is_numpy
+from .._backend import device as _device
+
+__all__ = [
+    "ClassificationL2Loss",
+    "Loss",
+    "MSELoss",
+    "RelativeL2Loss",
+    "SoftmaxCrossEntropy",
+    "softmax",
+    "softmax_pullback",
+]
+
+Array = Any
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax
+# ---------------------------------------------------------------------------------------------
+
+
+def softmax(z: Array, axis: int = -1) -> Array:
+    """softmax(z)_i = exp(z_i) / Σ_j exp(z_j) along ``axis`` (eq. 22 of seed 002).
+
+    The maximum along ``axis`` is subtracted first: the result is unchanged (softmax is invariant
+    under shifts) and exp never overflows, whatever the size of the logits.
+    """
+    xp = array_namespace(z=z)
+    e = xp.exp(z - xp.max(z, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def softmax_pullback(p: Array, dp: Array, axis: int = -1) -> Array:
+    """Pullback of p = softmax(z) along ``axis``: dz = p ⊙ (dp − ⟨dp, p⟩), from the output ``p``."""
+    xp = array_namespace(p=p, dp=dp)
+    return p * (dp - xp.sum(dp * p, axis=axis, keepdims=True))
+
+
+def _log_softmax(z: Array, xp: Any) -> Array:
+    s = z - xp.max(z, axis=-1, keepdims=True)
+    return s - xp.log(xp.sum(xp.exp(s), axis=-1, keepdims=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# the loss contract
+# ---------------------------------------------------------------------------------------------
+
+
+class Loss:
+    """Base class: ``value``, ``vjp`` and ``__call__`` (see the module docstring)."""
+
+    def value(self, pred: Array, target: Array) -> Array:
+        return self.vjp(pred, target)[0]
+
+    def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
+        raise NotImplementedError
+
+    def __call__(self, pred: Array, target: Array) -> Array:
+        return self.value(pred, target)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # -- shared argument handling ---------------------------------------------------------------
+
+    def _same_shape(self, pred: Array, target: Array) -> Any:
+        xp = array_namespace(pred=pred, target=target)
+        check_real_floating(pred, "pred", xp)
+        check_real_floating(target, "target", xp)
+        if tuple(pred.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{self!r}: target must have the shape of pred {tuple(pred.shape)}, got {tuple(target.shape)}"
+            )
+        return xp
+
+    def _class_target(self, pred: Array, target: Array) -> tuple[Any, Array]:
+        """(xp, t) with t shaped like pred: probabilities as given, integer labels made one-hot."""
+        xp = array_namespace(pred=pred, target=target)
+        check_real_floating(pred, "pred", xp)
+        if pred.ndim < 1:
+            raise ValueError(f"{self!r}: pred must have a class axis (..., C), got shape {tuple(pred.shape)}")
+        C = pred.shape[-1]
+        if xp.isdtype(target.dtype, "integral"):
+            if tuple(target.shape) != tuple(pred.shape[:-1]):
+                raise ValueError(
+                    f"{self!r}: integer labels must have shape pred.shape[:-1] = {tuple(pred.shape[:-1])}, "
+                    f"got {tuple(target.shape)}"
+                )
+            classes = xp.arange(C, device=_device(pred))
+            return xp, xp.astype(target[..., None] == classes, pred.dtype)
+        check_real_floating(target, "target", xp)
+        if tuple(target.shape) != tuple(pred.shape):
+            raise ValueError(
+                f"{self!r}: target must be probabilities shaped like pred {tuple(pred.shape)} or integer labels "
+                f"shaped {tuple(pred.shape[:-1])}, got shape {tuple(target.shape)}"
+            )
+        return xp, target
+
+
+def _safe_div(a: Array, b: Array, xp: Any) -> Array:
+    """a / b where b > 0, else 0: the subgradient at a minimum of a norm."""
+    positive = b > 0
+    return xp.where(positive, a / xp.where(positive, b, xp.ones_like(b)), xp.zeros_like(a))
+
+
+def _as_0d(value: Array, xp: Any) -> Array:
+    """A full reduction as a 0-d array (NumPy reductions and 0-d arithmetic return NumPy scalars)."""
+    return xp.asarray(value) if is_numpy(xp) else value
+
+
+def _batch_size(pred: Array) -> int:
+    return math.prod(pred.shape[:-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# regression losses
+# ---------------------------------------------------------------------------------------------
+
+
+class RelativeL2Loss(Loss):
+    """‖ŷ − y‖ / ‖y‖ with Frobenius norms over the whole arrays (batch included).
+
+    The default loss of GeometricMachineLearning.jl. Gradient (ŷ − y)/(‖ŷ − y‖‖y‖); at ŷ = y, where
+    the norm is not differentiable, the pullback returns 0 (a subgradient).
+    """
+
+    def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
+        xp = self._same_shape(pred, target)
+        r = pred - target
+        num = xp.sqrt(xp.sum(r * r))
+        den = xp.sqrt(xp.sum(target * target))
+        value = _as_0d(num / den, xp)
+
+        def pullback(dvalue: Any = 1.0) -> Array:
+            return dvalue * _safe_div(r, num * den, xp)
+
+        return value, pullback
+
+
+class MSELoss(Loss):
+    """Mean over all elements of (ŷ − y)²; gradient 2(ŷ − y)/size."""
+
+    def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
+        xp = self._same_shape(pred, target)
+        r = pred - target
+        size = math.prod(pred.shape)
+        value = _as_0d(xp.sum(r * r) / size, xp)
+
+        def pullback(dvalue: Any = 1.0) -> Array:
+            return dvalue * (2 / size) * r
+
+        return value, pullback
+
+
+# ---------------------------------------------------------------------------------------------
+# classification losses
+# ---------------------------------------------------------------------------------------------
+
+
+class ClassificationL2Loss(Loss):
+    """The paper's classification loss (seed 002, appendix D): mean over the batch of ‖p − t‖₂.
+
+    ``pred`` holds probabilities p (..., C), e.g. the softmax output of
+    :class:`~geoarray.nn.classification.ClassificationLayer`; t is one-hot. For the maximum-entropy
+    output p = (1/C, …, 1/C) the value is √((1 − 1/C)² + (C − 1)/C²) = √(1 − 1/C), i.e. √0.9 ≈ 0.949
+    for C = 10. (Appendix D prints √(0.9 + 9·0.1) ≈ 1.34, squaring neither term: the formula
+    gives √(0.81 + 9·0.01).) Gradient (p − t)/(B‖p − t‖) per sample, 0 where p = t.
+    """
+
+    def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
+        xp, t = self._class_target(pred, target)
+        r = pred - t
+        norms = xp.sqrt(xp.sum(r * r, axis=-1, keepdims=True))
+        B = _batch_size(pred)
+        value = _as_0d(xp.sum(norms) / B, xp)
+
+        def pullback(dvalue: Any = 1.0) -> Array:
+            return (dvalue / B) * _safe_div(r, norms, xp)
+
+        return value, pullback
+
+
+class SoftmaxCrossEntropy(Loss):
+    """Mean over the batch of −Σ_c t_c log softmax(z)_c, from logits z (..., C).
+
+    Computed as a log-sum-exp with the maximum subtracted, so large logits neither overflow nor
+    lose the small probabilities. Gradient (softmax(z)·Σ_c t_c − t)/B. Use it with
+    ``ClassificationLayer(..., logits=True)``, which returns W·x without the softmax.
+    """
+
+    def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
+        xp, t = self._class_target(pred, target)
+        logp = _log_softmax(pred, xp)
+        B = _batch_size(pred)
+        value = _as_0d(-xp.sum(t * logp) / B, xp)
+
+        def pullback(dvalue: Any = 1.0) -> Array:
+            p = xp.exp(logp)
+            return (dvalue / B) * (p * xp.sum(t, axis=-1, keepdims=True) - t)
+
+        return value, pullback

@@ -1,0 +1,342 @@
+"""Stiefel and Grassmann manifolds against dense references; Euclidean; horizontal elements.
+
+Every identity of the paper's sections 2–3 and appendices B–C is checked on every backend in float64
+(tolerances are absolute on O(1) quantities unless stated):
+
+Ω(Δ)Y = Δ (eq. 17); ΛᵀΩΛ = global_rep (eq. 11); Λ·global_rep·E = Δ; metric = ½tr(Ω₁ᵀΩ₂);
+metric(Y, rgrad(Y, G), V) = tr(GᵀV) (eq. 2); apply_section(λ, retraction(global_rep(λ, tΔ))) =
+expm(tΩ(Δ))Y for t from 1e-3 to large steps, for every section strategy (section independence);
+Cayley likewise; the first-order property of both retractions; batched = looped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import asarray, assert_close, max_abs, to_numpy
+from geoarray import linalg
+from geoarray.manifolds import (
+    DenseSection,
+    Euclidean,
+    Grassmann,
+    GrassmannHorizontal,
+    HouseholderSection,
+    Stiefel,
+    StiefelHorizontal,
+)
+
+SIZES = [(10, 3), (6, 6), (7, 1)]
+KINDS = [Stiefel, Grassmann]
+SECTIONS = ["householder", "random", "transported"]
+
+
+def _setup(M, xp, device, seed=0, batch=()):
+    Y = M.random(seed, xp=xp, batch_shape=batch, device=device)
+    G = geoarray.random.normal(seed + 100, (*batch, M.N, M.n), xp=xp, device=device)
+    return Y, G, M.rgrad(Y, G)
+
+
+def _dense_section(M, lam, xp):
+    """Λ = [Y, Q⊥] as a dense (..., N, N) array, from the section's own perp()."""
+    m = M.N - M.n
+    eye = xp.broadcast_to(linalg.eye(m, lam.Y), (*lam.Y.shape[:-2], m, m))
+    return xp.concat([lam.Y, lam.perp(eye)], axis=-1)
+
+
+def _section(M, Y, seed=3):
+    return M.global_section(Y, seed=seed) if M.section == "random" else M.global_section(Y)
+
+
+# ---------------------------------------------------------------------------------------------
+# points, tangent vectors, metric
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N,n", SIZES)
+def test_random_points_are_on_the_manifold_and_haar_normalised(xp, device, kind, N, n):
+    M = kind(N, n)
+    Y = M.random(0, xp=xp, batch_shape=(4,), device=device)
+    assert tuple(Y.shape) == (4, N, n)
+    assert max_abs(xp.matrix_transpose(Y) @ Y - linalg.eye(n, Y)) < 1e-13
+    assert M.is_point(Y)
+    # Algorithm 3 with the signs of R fixed: Y = Q with diag(R) > 0 for the Gaussian it came from
+    A = geoarray.random.normal(0, (4, N, n), xp=np)
+    R = np.swapaxes(to_numpy(Y), -1, -2) @ A
+    assert np.all(np.diagonal(R, axis1=-2, axis2=-1) > 0)
+    np.testing.assert_allclose(np.tril(R, -1), 0, atol=1e-12)
+
+
+def test_random_points_are_the_same_on_every_backend(xp, device):
+    M = Stiefel(9, 4)
+    assert_close(
+        M.random(5, xp=xp, batch_shape=(2,), device=device),
+        M.random(5, xp=np, batch_shape=(2,)),
+        xp=xp,
+        device=device,
+        atol=1e-13,
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rgrad_is_tangent_and_represents_the_differential(xp, device, kind):
+    M = kind(10, 3)
+    Y, G, D = _setup(M, xp, device)
+    assert M.is_tangent(Y, D, atol=1e-13)
+    V = M.project(Y, geoarray.random.normal(7, (10, 3), xp=xp, device=device))
+    assert M.is_tangent(Y, V, atol=1e-13)
+    lhs = M.metric(Y, D, V)
+    rhs = xp.sum(G * V)  # ⟨dL, V⟩ = tr(GᵀV), eq. 2
+    assert abs(float(lhs - rhs)) < 1e-13 * max(1.0, abs(float(rhs)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_omega_maps_to_the_tangent_vector(xp, device, kind):
+    M = kind(10, 3)
+    Y, _, D = _setup(M, xp, device, batch=(2,))
+    Om = M.omega(Y, D)
+    assert_close(Om @ Y, D, xp=xp, atol=1e-13)  # Ω(Δ)Y = Δ (eq. 17)
+    assert_close(xp.matrix_transpose(Om), -Om, xp=xp, atol=1e-15)  # Ω ∈ so(N)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N,n", SIZES)
+def test_global_rep_is_the_conjugated_omega(xp, device, kind, section, N, n):
+    M = kind(N, n, section=section)
+    Y, _, D = _setup(M, xp, device, batch=(2,))
+    lam = _section(M, Y)
+    Lam = _dense_section(M, lam, xp)
+    assert max_abs(xp.matrix_transpose(Lam) @ Lam - linalg.eye(N, Lam)) < 1e-13  # λ(Y) ∈ O(N)
+    assert_close(Lam[..., :n], Y, xp=xp, atol=0)  # λ(Y)E = Y
+    W = M.global_rep(lam, D)
+    assert isinstance(W, StiefelHorizontal if kind is Stiefel else GrassmannHorizontal)
+    Om = M.omega(Y, D)
+    assert_close(xp.matrix_transpose(Lam) @ Om @ Lam, W.to_dense(), xp=xp, atol=1e-13)  # eq. 11
+    assert_close(M.apply_section(lam, W.to_dense()[..., :n]), D, xp=xp, atol=1e-13)  # Λ·W·E = Δ
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_metric_is_half_the_trace_of_omegas(xp, device, kind):
+    M = kind(10, 3)
+    Y, _, D1 = _setup(M, xp, device, seed=1)
+    D2 = M.rgrad(Y, geoarray.random.normal(9, (10, 3), xp=xp, device=device))
+    half_trace = xp.sum(M.omega(Y, D1) * M.omega(Y, D2)) / 2
+    assert abs(float(M.metric(Y, D1, D2) - half_trace)) < 1e-13
+    lam = M.global_section(Y)
+    assert abs(float(M.global_rep(lam, D1).inner(M.global_rep(lam, D2)) - half_trace)) < 1e-13
+
+
+# ---------------------------------------------------------------------------------------------
+# retractions
+# ---------------------------------------------------------------------------------------------
+
+
+def _dense_cayley(Om, xp):
+    eye = linalg.eye(Om.shape[-1], Om)
+    return xp.linalg.solve(eye - Om / 2, eye + Om / 2)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+@pytest.mark.parametrize("t", [1e-3, 0.3, 3.0, 30.0])
+def test_retraction_is_section_independent_and_matches_dense(xp, device, kind, section, method, t):
+    M = kind(10, 3, section=section)
+    Y, _, D = _setup(M, xp, device)
+    D = D / float(xp.sqrt(M.metric(Y, D, D)))  # unit speed: ‖tΩ‖ ≈ t
+    lam = _section(M, Y)
+    Y_new = M.apply_section(lam, M.retraction(t * M.global_rep(lam, D), method))
+    Om = t * M.omega(Y, D)
+    ref = (linalg.expm(Om) if method == "geodesic" else _dense_cayley(Om, xp)) @ Y
+    # the dense references err by ~ε·‖tΩ‖; the result is orthonormal regardless
+    assert_close(Y_new, ref, xp=xp, atol=1e-14 * max(1.0, t) * 10)
+    assert max_abs(xp.matrix_transpose(Y_new) @ Y_new - linalg.eye(3, Y_new)) < 1e-13
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+def test_retraction_first_order(xp, device, kind, method):
+    """R(0) = E and d/dt R(tW)|₀ = W E, so d/dt λ·R(tW)|₀ = Δ (Definition 3)."""
+    M = kind(10, 3)
+    Y, _, D = _setup(M, xp, device)
+    D = D / float(xp.sqrt(M.metric(Y, D, D)))  # unit speed, so the O(h²) remainder is ~h²
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, D)
+    E = asarray(np.eye(10, 3), xp, device)
+    assert_close(M.retraction(0 * W, method), E, xp=xp, atol=0)
+    h = 1e-5
+    deriv = M.apply_section(lam, M.retraction(h * W, method)) - M.apply_section(lam, M.retraction(-h * W, method))
+    assert_close(deriv / (2 * h), D, xp=xp, atol=1e-9)  # central difference: O(h²) ≈ 1e-10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+@pytest.mark.parametrize("norm", [10.0, 100.0, 1000.0])
+def test_retraction_stays_orthonormal_for_huge_steps(xp, device, kind, method, norm):
+    """The seed's Taylor loop fails near ‖B‖ ≈ 40; scaling and doubling keeps 1e-12 up to 1e3."""
+    M = kind(20, 4)
+    Y, _, D = _setup(M, xp, device)
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, D)
+    W = (norm / float(W.norm())) * W
+    X = M.retraction(W, method)
+    err = max_abs(xp.matrix_transpose(X) @ X - linalg.eye(4, X))
+    assert err < 1e-12, f"‖XᵀX − I‖ = {err:.1e} at ‖W‖ = {norm:g}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+def test_transported_section_moves_with_the_point(xp, device, kind, method):
+    M = kind(9, 2, section="transported", retraction_method=method)
+    Y, _, D = _setup(M, xp, device, batch=(3,))
+    lam = M.global_section(Y)
+    assert isinstance(lam, DenseSection)
+    for step in range(3):
+        W = M.global_rep(lam, 0.7 * D)
+        expected = M.apply_section(lam, M.retraction(W))
+        lam = M.transport_section(lam, W)
+        assert_close(lam.Y, expected, xp=xp, atol=1e-13)
+        Lam = lam.to_dense()
+        assert max_abs(xp.matrix_transpose(Lam) @ Lam - linalg.eye(9, Lam)) < 1e-13, f"step {step}"
+        D = M.rgrad(lam.Y, geoarray.random.normal(step, (3, 9, 2), xp=xp, device=device))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_equals_looped(xp, device, kind):
+    M = kind(8, 3)
+    Y, G, D = _setup(M, xp, device, batch=(2, 3))
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, D)
+    Y_new = M.apply_section(lam, M.retraction(W))
+    for i in range(2):
+        for j in range(3):
+            Yij = Y[i, j, ...]
+            lam_ij = M.global_section(Yij)
+            W_ij = M.global_rep(lam_ij, M.rgrad(Yij, G[i, j, ...]))
+            assert_close(M.apply_section(lam_ij, M.retraction(W_ij)), Y_new[i, j, ...], xp=xp, atol=1e-14)
+
+
+def test_householder_section_never_forms_n_by_n(xp, device):
+    """Section storage is O(N·n): the section holds N×n and n×n arrays only."""
+    M = Stiefel(500, 4)
+    Y = M.random(0, xp=xp, device=device)
+    lam = M.global_section(Y)
+    assert isinstance(lam, HouseholderSection)
+    assert all(max(leaf.shape) <= 500 and min(leaf.shape) <= 4 for leaf in lam)
+
+
+def test_retraction_and_section_trace_under_jax_jit(backend, xp, device):
+    if backend.kind != "jax":
+        pytest.skip("jax.jit exists only on the jax backend")
+    import jax
+
+    M = Stiefel(12, 3)
+    Y, _, D = _setup(M, xp, device, batch=(2,))
+
+    def step(Y, D):
+        lam = M.global_section(Y)
+        return M.apply_section(lam, M.retraction(50.0 * M.global_rep(lam, D)))
+
+    assert_close(jax.jit(step)(Y, D), step(Y, D), xp=xp, atol=1e-13)
+
+
+def test_float32_retraction_keeps_dtype(xp, device):
+    M = Stiefel(16, 4)
+    Y = M.random(0, xp=xp, dtype="float32", device=device)
+    assert Y.dtype == xp.float32
+    D = M.rgrad(Y, geoarray.random.normal(1, (16, 4), xp=xp, dtype="float32", device=device))
+    lam = M.global_section(Y)
+    Y_new = M.apply_section(lam, M.retraction(M.global_rep(lam, D)))
+    assert Y_new.dtype == xp.float32
+    assert max_abs(xp.matrix_transpose(Y_new) @ Y_new - linalg.eye(4, Y_new)) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# horizontal elements
+# ---------------------------------------------------------------------------------------------
+
+
+def test_horizontal_arithmetic_is_fieldwise_and_a_tree(xp, device):
+    M = Stiefel(7, 3)
+    Y, _, D = _setup(M, xp, device)
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, D)
+    second = W * W
+    v = W / (second + 1e-8).sqrt()  # Adam's velocity shape (eq. 6)
+    assert isinstance(v, StiefelHorizontal)
+    assert_close(xp.matrix_transpose(v.A), -v.A, xp=xp, atol=1e-15)  # stays skew: one statistic per entry
+    assert_close((2 * W - W).B, W.B, xp=xp, atol=1e-15)
+    assert_close((W - W).A, W.zeros_like().A, xp=xp, atol=0)
+    assert_close((-W).B, 0 - W.B, xp=xp, atol=0)
+    assert len(optree.tree_leaves(W)) == 2
+    doubled = optree.tree_map(lambda a: 2 * a, W)
+    assert isinstance(doubled, StiefelHorizontal)
+    with pytest.raises(TypeError, match="cannot combine"):
+        W + GrassmannHorizontal(W.B)
+
+
+# ---------------------------------------------------------------------------------------------
+# Euclidean
+# ---------------------------------------------------------------------------------------------
+
+
+def test_euclidean_is_ordinary_addition(xp, device):
+    M = Euclidean()
+    Y = geoarray.random.normal(0, (3, 5), xp=xp, device=device)
+    G = geoarray.random.normal(1, (3, 5), xp=xp, device=device)
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, M.rgrad(Y, G))
+    assert_close(M.apply_section(lam, M.retraction(-0.1 * W)), Y - 0.1 * G, xp=xp, atol=0)
+    assert abs(float(M.metric(Y, G, G) - xp.sum(G * G))) == 0
+    with pytest.raises(ValueError, match="shape of Y"):
+        M.rgrad(Y, G[:2, ...])
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_constructor_validation(kind):
+    with pytest.raises(ValueError, match="n ≤ N"):
+        kind(3, 4)
+    with pytest.raises(TypeError, match="N must be an int"):
+        kind(3.0, 2)
+    with pytest.raises(TypeError, match="n must be an int"):
+        kind(3, True)
+    with pytest.raises(ValueError, match="n must be positive"):
+        kind(3, 0)
+    with pytest.raises(ValueError, match="section must be one of"):
+        kind(5, 2, section="qr")
+    with pytest.raises(ValueError, match="retraction_method must be one of"):
+        kind(5, 2, retraction_method="exp")
+    assert kind(5, 2) == kind(np.int64(5), 2) and hash(kind(5, 2)) == hash(kind(5, 2))
+    assert kind(5, 2) != kind(5, 2, section="random")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_operation_validation(xp, device, kind):
+    M = kind(6, 2)
+    Y, G, D = _setup(M, xp, device)
+    with pytest.raises(ValueError, match=r"Y must have trailing shape \(6, 2\)"):
+        M.rgrad(Y[:5, ...], G[:5, ...])
+    with pytest.raises(ValueError, match=r"dL must have trailing shape \(6, 2\)"):
+        M.rgrad(Y, G[..., :1])
+    with pytest.raises(TypeError, match="Y must have a real floating dtype"):
+        M.rgrad(xp.asarray(np.eye(6, 2, dtype=np.int64), device=device), G)
+    with pytest.raises(TypeError, match="section='random' needs a seed"):
+        kind(6, 2, section="random").global_section(Y)
+    lam = M.global_section(Y)
+    with pytest.raises(TypeError, match="W must be a"):
+        M.retraction(D)
+    with pytest.raises(ValueError, match="method must be one of"):
+        M.retraction(M.global_rep(lam, D), method="exp")
+    with pytest.raises(ValueError, match="is not a point"):
+        kind(6, 2, validate=True).rgrad(2 * Y, G)
+    assert not M.is_point(2 * Y)
+    assert not M.is_tangent(Y, Y + D)
