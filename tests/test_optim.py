@@ -9,7 +9,7 @@ import pytest
 import geoarray
 from _helpers import asarray, assert_close, max_abs, to_numpy
 from geoarray import linalg, optim
-from geoarray.manifolds import Grassmann, Stiefel
+from geoarray.manifolds import Grassmann, Stiefel, SymplecticStiefel
 
 
 def _updater(opt, backend):
@@ -206,6 +206,31 @@ def test_grassmann_run_stays_on_the_manifold_and_finds_the_subspace(xp, device, 
     assert max_abs(xp.matrix_transpose(Y) @ Y - linalg.eye(2, Y)) < 1e-13
     target = np.sort(np.linalg.eigvalsh(to_numpy(S)))[-2:].sum()
     assert abs(float(xp.sum(Y * (S @ Y))) - target) < 0.01 * abs(target)
+
+
+@pytest.mark.parametrize("name", ["momentum", "adam"])
+def test_symplectic_stiefel_run_stays_on_the_manifold(xp, device, backend, name):
+    """min tr(YᵀSY) on SpSt(12, 4), S ≻ 0: Williamson's bound 2(d₁ + d₂) is the optimum."""
+    M = SymplecticStiefel(12, 4)
+    A = geoarray.random.normal(13, (12, 12), xp=np)
+    S_host = A @ A.T / 12 + 0.1 * np.eye(12)
+    S = asarray(S_host, xp, device)
+    J = np.block([[np.zeros((6, 6)), np.eye(6)], [-np.eye(6), np.zeros((6, 6))]])
+    bound = 2 * np.sort(np.abs(np.linalg.eigvals(J @ S_host).imag))[::2][:2].sum()
+    opt = optim.Momentum(2e-2, alpha=0.5) if name == "momentum" else optim.Adam(1e-2)
+    update = _updater(opt, backend)
+    params = {"Y": M.random(3, xp=xp, device=device)}
+    state = opt.init(params, {"Y": M})
+    J4 = asarray(np.block([[np.zeros((2, 2)), np.eye(2)], [-np.eye(2), np.zeros((2, 2))]]), xp, device)
+    J12 = asarray(J, xp, device)
+    drift = 0.0
+    for _ in range(300):
+        params, state = update(params, {"Y": 2 * (S @ params["Y"])}, state)
+        Y = params["Y"]
+        drift = max(drift, max_abs(xp.matrix_transpose(Y) @ J12 @ Y - J4))
+    value = float(xp.sum(Y * (S @ Y)))
+    assert drift < 1e-9, f"max |Yᵀ𝕁Y − 𝕁| = {drift:.1e}"
+    assert bound - 1e-10 <= value <= bound + 0.05 * bound, f"{name}: tr(YᵀSY) = {value:.5f}, optimum {bound:.5f}"
 
 
 def test_grouping_equals_separate_updates(xp, device):

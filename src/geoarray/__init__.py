@@ -7,7 +7,7 @@ heavy backend: the namespace of the arrays you pass in decides where the work ru
 
 from . import linalg, manifolds, optim, random
 from ._backend import array_namespace, default_float, resolve_dtype
-from .manifolds import Euclidean, Grassmann, Stiefel
+from .manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 
 __version__ = "0.1.0.dev0"
 
@@ -15,6 +15,7 @@ __all__ = [
     "Euclidean",
     "Grassmann",
     "Stiefel",
+    "SymplecticStiefel",
     "__version__",
     "array_namespace",
     "default_float",

@@ -11,6 +11,7 @@ from .grassmann import Grassmann
 from .horizontal import GrassmannHorizontal, StiefelHorizontal
 from .sections import DenseSection, HouseholderSection
 from .stiefel import Stiefel
+from .symplectic_stiefel import SymplecticSection, SymplecticStiefel, SymplecticStiefelHorizontal
 
 __all__ = [
     "DenseSection",
@@ -21,4 +22,7 @@ __all__ = [
     "Manifold",
     "Stiefel",
     "StiefelHorizontal",
+    "SymplecticSection",
+    "SymplecticStiefel",
+    "SymplecticStiefelHorizontal",
 ]
