@@ -13,6 +13,12 @@ from .classification import ClassificationLayer
 from .dense import Dense, ResNetLayer
 from .losses import ClassificationL2Loss, MSELoss, RelativeL2Loss, SoftmaxCrossEntropy, softmax
 from .manifold_layers import GrassmannLayer, StiefelLayer
+from .symplectic_attention import (
+    LinearSymplecticAttentionP,
+    LinearSymplecticAttentionQ,
+    SymplecticAttentionP,
+    SymplecticAttentionQ,
+)
 from .sympnet import (
     ActivationLayerP,
     ActivationLayerQ,
@@ -23,6 +29,7 @@ from .sympnet import (
     LinearLayerQ,
     PSDLayer,
 )
+from .volume_preserving import VolumePreservingAttention, VolumePreservingLowerLayer, VolumePreservingUpperLayer
 
 __all__ = [
     "Activation",
@@ -39,6 +46,8 @@ __all__ = [
     "Layer",
     "LinearLayerP",
     "LinearLayerQ",
+    "LinearSymplecticAttentionP",
+    "LinearSymplecticAttentionQ",
     "MSELoss",
     "MultiHeadAttention",
     "PSDLayer",
@@ -46,6 +55,11 @@ __all__ = [
     "ResNetLayer",
     "SoftmaxCrossEntropy",
     "StiefelLayer",
+    "SymplecticAttentionP",
+    "SymplecticAttentionQ",
+    "VolumePreservingAttention",
+    "VolumePreservingLowerLayer",
+    "VolumePreservingUpperLayer",
     "get_activation",
     "softmax",
 ]
