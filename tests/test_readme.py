@@ -21,13 +21,14 @@ def test_readme_python_blocks_run_and_print_true(backend):
         pytest.skip("the README tour is written with NumPy arrays; it runs once, in the numpy session")
     blocks = _python_blocks()
     assert blocks, "README has no python blocks"
+    namespace = {"__name__": "readme"}  # the tour is one session: later blocks use earlier names
     for block in blocks:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+            exec(compile(block, str(README), "exec"), namespace)
         printed = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
-        claimed = re.findall(r"print\(.*\)\s*#\s*(\S+)", block)
-        assert printed[: len(claimed)] == claimed
+        claimed = [c.strip() for c in re.findall(r"^print\(.*\)\s*#\s*(.+)$", block, flags=re.M)]
+        assert printed == claimed, f"README block prints {printed}, claims {claimed}"
 
 
 def test_readme_commands_exist():

@@ -170,24 +170,11 @@ def _transport(
 
 
 class OrthonormalFrames(Manifold):
-    """Shared machinery of Stiefel and Grassmann: points are orthonormal N×n frames, the group is O(N).
+    """Shared machinery of :class:`Stiefel` and :class:`~geoarray.manifolds.Grassmann`.
 
-    Parameters
-    ----------
-    N, n : int
-        Ambient rows and columns, 1 ≤ n ≤ N.
-    section : {"householder", "random", "transported"}
-        How λ(Y) completes Y to an orthogonal matrix (see :mod:`geoarray.manifolds.sections`):
-        Householder compact-WY (default; deterministic, O(N·n) memory), the paper's Algorithm 2
-        (seeded; dense N×(N−n)), or created once and transported by the optimizer (dense N×N,
-        the GeometricMachineLearning.jl behaviour).
-    retraction_method : {"geodesic", "cayley"}
-        Default of :meth:`retraction`.
-    validate : bool
-        Check that points passed in satisfy YᵀY = I (costs a reduction and a host sync per call).
-    max_doublings : int
-        Bound on the doublings of the geodesic kernel; 64 covers ‖W‖ far beyond any optimizer step
-        (‖W‖ ≈ 1e3 needs about 21). Elements that would need more come out NaN.
+    Points are orthonormal N×n frames and the group is O(N): construction and validation, random
+    points, sections, retraction and its application are common; the two manifolds differ in the
+    metric, the gradient and the horizontal space (see :class:`Stiefel` for the parameters).
     """
 
     def __init__(
