@@ -144,3 +144,21 @@ def test_cli_version_and_help(capsys):
     assert geoarray.__version__ in capsys.readouterr().out
     assert cli.main([]) == 0
     assert "usage: geoarray" in capsys.readouterr().out
+
+
+def test_mixed_namespaces_in_manifolds_and_optimizers(xp, device, backend):
+    """Mixing two array libraries in one call is a TypeError everywhere, not a silent conversion."""
+    import geoarray
+    from geoarray import optim
+
+    M = geoarray.Stiefel(2, 2)
+    Y = asarray(np.eye(2), xp, device)
+    other = _other_namespace(backend)
+    with pytest.raises(TypeError, match="different array libraries"):
+        M.rgrad(Y, other)
+    with pytest.raises(TypeError, match="different array libraries"):
+        M.metric(Y, other, other)
+    opt = optim.Adam()
+    state = opt.init({"Y": Y}, {"Y": M})
+    with pytest.raises(TypeError, match="different array libraries"):
+        opt.update({"Y": Y}, {"Y": other}, state)
