@@ -7,6 +7,10 @@
   pullback of the unit covectors (one batched call), so it works on every backend.
 * :func:`symplectic_form` — 𝕁̂ = I_T ⊗ 𝕁_d for the product-space form Σ_t z_tᵀ 𝕁 z̃_t with
   z_t = [q_t; p_t] and 𝕁_{2k} = [[0, I_k], [−I_k, 0]].
+* :func:`check_batched_equals_looped` — a batch gives the per-sample outputs and input gradients,
+  and parameter gradients equal to the sum of the per-sample ones.
+* :func:`check_jit_matches_eager` — ``jax.jit`` of apply and of vjp + pullback equals eager (JAX only).
+* :func:`perturbed_params`, :func:`random_input` — generic parameters and inputs for a layer.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 import numpy as np
 import optree
 
-from _helpers import to_numpy
+from _helpers import assert_close, to_numpy
+from geoarray import random
 
 
 def _leaves(tree: Any) -> list:
@@ -130,3 +135,63 @@ def symplectic_form(T: int, d: int) -> np.ndarray:
     k = d // 2
     J = np.block([[np.zeros((k, k)), np.eye(k)], [-np.eye(k), np.zeros((k, k))]])
     return np.kron(np.eye(T), J)
+
+
+def check_batched_equals_looped(
+    layer: Any, params: Any, x: Any, xp: Any, *, batch_ndim: int = 1, rtol: float = 1e-13
+) -> None:
+    """apply/vjp on a batch equal the loop over its samples; parameter gradients equal the looped sum.
+
+    The first ``batch_ndim`` axes of ``x`` are looped over. Tolerance: ``rtol`` times max(1, largest
+    entry of the looped reference), entrywise.
+    """
+    y, pullback = layer.vjp(params, x)
+    dy = random.normal(7, tuple(y.shape), xp=xp, dtype=x.dtype, device=_device(x))
+    dparams, dx = pullback(dy)
+    ys, dxs, dps = [], [], []
+    for idx in np.ndindex(*x.shape[:batch_ndim]):
+        yb, pb = layer.vjp(params, x[(*idx, ...)])
+        dpb, dxb = pb(dy[(*idx, ...)])
+        ys.append(to_numpy(yb))
+        dxs.append(to_numpy(dxb))
+        dps.append([to_numpy(g) for g in _leaves(dpb)])
+    looped_dp = [sum(g) for g in zip(*dps, strict=True)]
+    pairs = [
+        (to_numpy(y), np.stack(ys).reshape(tuple(y.shape)), "output"),
+        (to_numpy(dx), np.stack(dxs).reshape(tuple(dx.shape)), "input gradient"),
+    ]
+    pairs += [(to_numpy(g), r, "parameter gradient") for g, r in zip(_leaves(dparams), looped_dp, strict=True)]
+    for got, ref, what in pairs:
+        np.testing.assert_allclose(got, ref, rtol=0, atol=rtol * max(1.0, np.max(np.abs(ref))), err_msg=what)
+
+
+def check_jit_matches_eager(layer: Any, params: Any, x: Any, xp: Any, *, atol: float = 1e-13) -> None:
+    """``jax.jit`` of apply, and of vjp followed by the pullback of dy = y, equal the eager results to ``atol``.
+
+    Only for the jax backend (the caller skips the others); it shows that the layer is pure and traceable.
+    """
+    import jax
+
+    def step(params, x):
+        y, pullback = layer.vjp(params, x)
+        return layer.apply(params, x), y, pullback(y)
+
+    jitted, eager = jax.jit(step)(params, x), step(params, x)
+    for a, b in zip(_leaves(jitted), _leaves(eager), strict=True):
+        assert_close(a, b, xp=xp, atol=atol)
+
+
+def perturbed_params(layer: Any, xp: Any, device: Any, seed: int = 0, scale: float = 0.3) -> Any:
+    """The layer's init plus N(0, scale²) noise on every leaf: non-zero biases, and the parts a layer projects away."""
+    params = layer.init(seed, xp=xp, device=device)
+    leaves, spec = optree.tree_flatten(params)
+    noise = [
+        random.normal(1000 + seed + i, tuple(leaf.shape), xp=xp, device=device, scale=scale)
+        for i, leaf in enumerate(leaves)
+    ]
+    return optree.tree_unflatten(spec, [leaf + n for leaf, n in zip(leaves, noise, strict=True)])
+
+
+def random_input(xp: Any, device: Any, shape: tuple[int, ...], seed: int = 7, scale: float = 1.0) -> Any:
+    """N(0, scale²) entries of the given shape (float64), the same numbers on every backend."""
+    return random.normal(seed, shape, xp=xp, device=device, scale=scale)

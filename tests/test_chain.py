@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import optree
 import pytest
-from test_nn_dense import check_batched_equals_looped
 
 import geoarray
 from _helpers import assert_close
-from _layer_checks import check_pullback
+from _layer_checks import check_batched_equals_looped, check_pullback
 from geoarray.manifolds import Stiefel
 from geoarray.nn import Chain
 from geoarray.nn.attention import MultiHeadAttention

@@ -11,7 +11,8 @@ Properties and tolerances:
   logits of size 1e4 (where exp overflows);
 * pullback = torch.autograd / jax.vjp of ``value`` to 1e-10 (central differences to 1e-7), batched
   and unbatched; pullback(s) = s·pullback(1) (1e-15); zero residual gives a zero (sub)gradient;
-* softmax: rows sum to 1 (1e-15), matches NumPy (1e-15), is finite for logits of size 1e4;
+* softmax (geoarray.nn.activations, also importable from losses and geoarray.nn): rows sum to 1
+  (1e-15), matches NumPy (1e-15), is finite for logits of size 1e4;
 * mismatched shapes and dtypes raise naming the argument.
 """
 
@@ -25,13 +26,9 @@ import pytest
 import geoarray
 from _helpers import asarray, assert_close, to_numpy
 from _layer_checks import check_pullback
-from geoarray.nn.losses import (
-    ClassificationL2Loss,
-    MSELoss,
-    RelativeL2Loss,
-    SoftmaxCrossEntropy,
-    softmax,
-)
+from geoarray.nn import losses
+from geoarray.nn.activations import softmax
+from geoarray.nn.losses import ClassificationL2Loss, MSELoss, RelativeL2Loss, SoftmaxCrossEntropy
 
 
 def _normal(seed, shape, xp, device):
@@ -188,6 +185,12 @@ def test_softmax_sums_to_one_and_matches_numpy(xp, device, axis):
 def test_softmax_is_finite_for_huge_logits(xp, device):
     z = asarray([[1e4, 0.0, -1e4], [1e4, 1e4, 0.0]], xp, device)
     assert_close(softmax(z), np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]), xp=xp, atol=1e-15)
+
+
+def test_softmax_lives_in_activations_and_keeps_its_old_names():
+    """geoarray.nn.softmax and geoarray.nn.losses.softmax (the name before the move) are activations.softmax."""
+    assert geoarray.nn.softmax is softmax and losses.softmax is softmax
+    assert losses.softmax_pullback is geoarray.nn.activations.softmax_pullback
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ Every backend, float64. Properties and tolerances:
 * Stiefel weights satisfy YᵀY = I (``Stiefel.is_point``, 1e-12); ‖Yx‖ = ‖x‖; the Grassmann layer is
   an idempotent projection that depends on span(Y) only and has YᵀG symmetric;
 * ClassificationLayer outputs probability vectors (sum 1 to 1e-14) that see only the last time step;
-* bad shapes, parameters and options raise ValueError/TypeError naming the argument.
+* bad shapes, parameters (keys, shapes, a dtype other than x's), cotangents and options raise
+  ValueError/TypeError naming the layer, the argument, the expected and the actual shape/dtype.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 import geoarray
 from _helpers import asarray, assert_close, to_numpy
-from _layer_checks import check_pullback
+from _layer_checks import check_batched_equals_looped, check_pullback
 from geoarray._backend import device as _device
 from geoarray.manifolds import Grassmann, Stiefel
 from geoarray.nn.classification import ClassificationLayer
@@ -55,27 +56,6 @@ def _setup(name, xp, device, seed=0):
     make, shape = LAYERS[name]
     layer = make()
     return layer, layer.init(seed, xp=xp, device=device), _normal(seed + 1, shape, xp, device)
-
-
-def check_batched_equals_looped(layer, params, x, xp, *, rtol=1e-13):
-    """apply/vjp on a batch x (B, ...) equal the loop over x[b]; parameter gradients equal the looped sum."""
-    y, pullback = layer.vjp(params, x)
-    dy = geoarray.random.normal(7, tuple(y.shape), xp=xp, dtype=x.dtype, device=_device(x))
-    dparams, dx = pullback(dy)
-    ys, dxs, dps = [], [], []
-    for b in range(x.shape[0]):
-        yb, pb = layer.vjp(params, x[b, ...])
-        dpb, dxb = pb(dy[b, ...])
-        ys.append(to_numpy(yb))
-        dxs.append(to_numpy(dxb))
-        dps.append([to_numpy(g) for g in optree.tree_leaves(dpb)])
-    looped_dp = [sum(g) for g in zip(*dps, strict=True)]
-    pairs = [(to_numpy(y), np.stack(ys), "output"), (to_numpy(dx), np.stack(dxs), "input gradient")]
-    pairs += [
-        (to_numpy(g), r, "parameter gradient") for g, r in zip(optree.tree_leaves(dparams), looped_dp, strict=True)
-    ]
-    for got, ref, what in pairs:
-        np.testing.assert_allclose(got, ref, rtol=0, atol=rtol * max(1.0, np.max(np.abs(ref))), err_msg=what)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,22 +223,27 @@ def test_grassmann_layer_projects_and_depends_on_the_subspace_only(xp, device):
 
 def test_wrong_input_shape_raises(xp, device):
     layer, params, _ = _setup("dense-tanh", xp, device)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d\) with d = 4.*got shape \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"Dense\(4, 3, 'tanh'\): x must have shape \(\.\.\., 4\), got shape \(2, 3\)"):
         layer.apply(params, _normal(0, (2, 3), xp, device))
     cls, cparams, _ = _setup("classification-last", xp, device)
-    with pytest.raises(ValueError, match=r"\(\.\.\., T, d\) with d = 6.*got shape \(6,\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., T, 6\), got shape \(6,\)"):
         cls.apply(cparams, _normal(0, (6,), xp, device))
     st, sparams, _ = _setup("stiefel", xp, device)
-    with pytest.raises(ValueError, match="d = 3"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 3\), got shape \(4, 7\)"):
         st.vjp(sparams, _normal(0, (4, 7), xp, device))
 
 
 def test_wrong_params_raise(xp, device):
     layer, params, x = _setup("dense-tanh", xp, device)
-    with pytest.raises(ValueError, match=r"params\['W'\].*shape \(3, 4\), got \(4, 3\)"):
+    with pytest.raises(ValueError, match=r"params\['W'\] must have shape \(3, 4\), got shape \(4, 3\)"):
         layer.apply({"W": xp.matrix_transpose(params["W"]), "b": params["b"]}, x)
-    with pytest.raises(ValueError, match=r"keys \['W', 'b'\], got \['W'\]"):
+    with pytest.raises(ValueError, match=r"params must be a dict with keys \['W', 'b'\], got \['W'\]"):
         layer.apply({"W": params["W"]}, x)
+    with pytest.raises(TypeError, match=r"params\['b'\] must have the dtype of x"):
+        layer.apply({**params, "b": xp.astype(params["b"], xp.float32)}, x)
+    _, pullback = layer.vjp(params, x)
+    with pytest.raises(ValueError, match=r"dy must have the output's shape \(2, 5, 3\), got shape \(5, 3\)"):
+        pullback(_normal(0, (5, 3), xp, device))
 
 
 def test_integer_input_raises(xp, device):

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
-import optree
 import pytest
 
 from _helpers import asarray, assert_close, to_numpy
-from _layer_checks import check_pullback, jacobian, symplectic_form
+from _layer_checks import (
+    check_batched_equals_looped,
+    check_jit_matches_eager,
+    check_pullback,
+    jacobian,
+    perturbed_params,
+    random_input,
+    symplectic_form,
+)
 from geoarray import random
 from geoarray.nn.base import Chain
 from geoarray.nn.symplectic_attention import (
@@ -18,21 +25,6 @@ from geoarray.nn.symplectic_attention import (
 )
 
 T_, D_ = 4, 6  # sequence length and (even) feature size of most cases
-
-
-def _params(layer, xp, device, seed=0, scale=0.3):
-    """The layer's init plus a generic perturbation (including the part the layer projects away)."""
-    params = layer.init(seed, xp=xp, device=device)
-    leaves, spec = optree.tree_flatten(params)
-    noise = [
-        random.normal(1000 + seed + i, tuple(leaf.shape), xp=xp, device=device, scale=scale)
-        for i, leaf in enumerate(leaves)
-    ]
-    return optree.tree_unflatten(spec, [leaf + n for leaf, n in zip(leaves, noise, strict=True)])
-
-
-def _x(xp, device, shape, seed=7, scale=1.0):
-    return random.normal(seed, shape, xp=xp, device=device, scale=scale)
 
 
 def _layers(T=T_, d=D_):
@@ -60,7 +52,7 @@ def _chain(T=T_, d=D_):
 
 
 def _chain_params(chain, xp, device):
-    return tuple(_params(layer, xp, device, seed=i) for i, layer in enumerate(chain.layers))
+    return tuple(perturbed_params(layer, xp, device, seed=i) for i, layer in enumerate(chain.layers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,13 +64,13 @@ def _chain_params(chain, xp, device):
 def test_pullback_matches_autodiff(backend, xp, device, name):
     """Analytic vjp (exact Hessian-vector product) = torch.autograd / jax.vjp to 1e-10; FD to 1e-7 elsewhere."""
     layer = LAYERS[name]
-    check_pullback(layer, _params(layer, xp, device), _x(xp, device, (2, T_, D_)), backend)
+    check_pullback(layer, perturbed_params(layer, xp, device), random_input(xp, device, (2, T_, D_)), backend)
 
 
 def test_chain_pullback_matches_autodiff(backend, xp, device):
     """A stack of linear and softmax symplectic attention layers pulls back like autodiff, to 1e-10."""
     chain = _chain()
-    check_pullback(chain, _chain_params(chain, xp, device), _x(xp, device, (3, T_, D_)), backend)
+    check_pullback(chain, _chain_params(chain, xp, device), random_input(xp, device, (3, T_, D_)), backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,21 +88,23 @@ def _assert_symplectic(layer, params, x, xp, T, d, atol=1e-10):
 def test_symplectic_on_product_space(xp, device, name):
     """Jᵀ 𝕁̂ J = 𝕁̂ (𝕁̂ = I_T ⊗ 𝕁, form Σ_t z_tᵀ𝕁z̃_t) to 1e-10, for inputs of scale 2."""
     layer = LAYERS[name]
-    _assert_symplectic(layer, _params(layer, xp, device), _x(xp, device, (T_, D_), scale=2.0), xp, T_, D_)
+    _assert_symplectic(
+        layer, perturbed_params(layer, xp, device), random_input(xp, device, (T_, D_), scale=2.0), xp, T_, D_
+    )
 
 
 def test_chain_is_symplectic(xp, device):
     """The stack of five symplectic attention layers has Jᵀ 𝕁̂ J = 𝕁̂ to 1e-10 (T=5, d=4)."""
     chain = _chain(5, 4)
-    _assert_symplectic(chain, _chain_params(chain, xp, device), _x(xp, device, (5, 4)), xp, 5, 4)
+    _assert_symplectic(chain, _chain_params(chain, xp, device), random_input(xp, device, (5, 4)), xp, 5, 4)
 
 
 @pytest.mark.parametrize("name", ["linear-Q", "matrix-arb-Q", "vector-sym-P"])
 def test_only_one_half_moves(xp, device, name):
     """Q layers change only q, P layers only p (exactly): the update is a shear."""
     layer = LAYERS[name]
-    x = _x(xp, device, (2, T_, D_))
-    y = to_numpy(layer.apply(_params(layer, xp, device), x))
+    x = random_input(xp, device, (2, T_, D_))
+    y = to_numpy(layer.apply(perturbed_params(layer, xp, device), x))
     k = D_ // 2
     kept = slice(k, None) if name.endswith("Q") else slice(None, k)
     np.testing.assert_array_equal(y[..., kept], to_numpy(x)[..., kept])
@@ -134,8 +128,8 @@ def _reference_potential(C: np.ndarray, softmax: str) -> np.ndarray:
 def test_potential_gradient_equals_finite_differences(xp, device, name):
     """∇Σ = central differences of Σ along every coordinate of the driving half (h = 1e-5), to 1e-8 relative."""
     layer = LAYERS[name]
-    params = _params(layer, xp, device)
-    x0 = to_numpy(_x(xp, device, (T_, D_)))
+    params = perturbed_params(layer, xp, device)
+    x0 = to_numpy(random_input(xp, device, (T_, D_)))
     k = D_ // 2
     off = k if name.endswith("Q") else 0  # Q layers read p, P layers read q
     h = 1e-5
@@ -154,8 +148,8 @@ def test_potential_gradient_equals_finite_differences(xp, device, name):
 def test_potential_is_stable_for_large_correlations(xp, device, name):
     """With inputs of scale 30 (|C| up to ~1e3) Σ matches NumPy's logaddexp to 1e-12 relative and ∇Σ stays finite."""
     layer = LAYERS[name]
-    params = _params(layer, xp, device)
-    x = _x(xp, device, (3, T_, D_), scale=30.0)
+    params = perturbed_params(layer, xp, device)
+    x = random_input(xp, device, (3, T_, D_), scale=30.0)
     A = to_numpy(params["A"])
     A = (A + A.T) / 2 if layer.symmetric else A
     k = D_ // 2
@@ -173,8 +167,8 @@ def test_gradient_matches_seed_formulas(xp, device, softmax):
     """∇_P Σ = A P wᵀ + Aᵀ P w (seed, k×T layout, dense NumPy) to 1e-12; for symmetric A and the matrix
     softmax it equals the seed's 2 A P exp.(C)/(1 + Σ exp C)."""
     layer = SymplecticAttentionQ(D_, softmax=softmax)
-    params = _params(layer, xp, device)
-    x = _x(xp, device, (T_, D_))
+    params = perturbed_params(layer, xp, device)
+    x = random_input(xp, device, (T_, D_))
     A, P = to_numpy(params["A"]), to_numpy(x)[:, D_ // 2 :].T  # P: the seed's k×T matrix
     C = P.T @ A @ P
     if softmax == "matrix":
@@ -195,19 +189,19 @@ def test_gradient_matches_seed_formulas(xp, device, softmax):
 def test_linear_matches_dense_formula(xp, device):
     """Linear Q: y = [q + Ā p, p], Ā = ½(A + Aᵀ) (seed: Q ← Q + P Ā); linear P: [q, p + Ā q]; to 1e-13."""
     k = D_ // 2
-    x = _x(xp, device, (2, T_, D_))
+    x = random_input(xp, device, (2, T_, D_))
     xn = to_numpy(x)
     q, p = xn[..., :k], xn[..., k:]
     for layer, ref in (
         (LAYERS["linear-Q"], lambda Ab: np.concatenate([q + Ab @ p, p], axis=-1)),
         (LAYERS["linear-P"], lambda Ab: np.concatenate([q, p + Ab @ q], axis=-1)),
     ):
-        params = _params(layer, xp, device)
+        params = perturbed_params(layer, xp, device)
         A = to_numpy(params["A"])
         assert_close(layer.apply(params, x), ref((A + A.T) / 2), xp=xp, device=device, atol=1e-13)
     # the seed's k×T form of the Q layer: Q ← Q + P Ā
     Q, P = q[0].T, p[0].T
-    params = _params(LAYERS["linear-Q"], xp, device)
+    params = perturbed_params(LAYERS["linear-Q"], xp, device)
     A = to_numpy(params["A"])
     seed_out = Q + P @ ((A + A.T) / 2)
     assert_close(LAYERS["linear-Q"].apply(params, x)[0, :, :k], seed_out.T, xp=xp, device=device, atol=1e-13)
@@ -222,20 +216,8 @@ def test_linear_matches_dense_formula(xp, device):
 def test_batched_equals_looped(xp, device, name):
     """apply and pullback on a (2, 2, T, d) batch equal per-sample results (parameter gradients summed), to 1e-12."""
     layer = LAYERS[name]
-    params = _params(layer, xp, device)
-    x = _x(xp, device, (2, 2, T_, D_))
-    dy = _x(xp, device, (2, 2, T_, D_), seed=8)
-    y, pullback = layer.vjp(params, x)
-    dparams, dx = pullback(dy)
-    total = 0.0
-    for i in range(2):
-        for j in range(2):
-            yi, pbi = layer.vjp(params, x[i, j, ...])
-            dpi, dxi = pbi(dy[i, j, ...])
-            assert_close(y[i, j, ...], yi, xp=xp, atol=1e-12)
-            assert_close(dx[i, j, ...], dxi, xp=xp, atol=1e-12)
-            total = total + dpi["A"]
-    assert_close(dparams["A"], total, xp=xp, atol=1e-12)
+    params = perturbed_params(layer, xp, device)
+    check_batched_equals_looped(layer, params, random_input(xp, device, (2, 2, T_, D_)), xp, batch_ndim=2, rtol=1e-12)
 
 
 def test_init_structure_and_float32(xp, device):
@@ -256,27 +238,29 @@ def test_init_structure_and_float32(xp, device):
 def test_bad_inputs_raise(xp, device):
     """Odd d, wrong d, wrong T, bad softmax, bad params: ValueError naming the expected and actual shape."""
     for cls in (SymplecticAttentionQ, SymplecticAttentionP):
-        with pytest.raises(ValueError, match=r"dim must be even.*got 5"):
+        with pytest.raises(ValueError, match=r"dim must be even.*got dim=5"):
             cls(5)
     for cls in (LinearSymplecticAttentionQ, LinearSymplecticAttentionP):
-        with pytest.raises(ValueError, match=r"dim must be even.*got 3"):
+        with pytest.raises(ValueError, match=r"dim must be even.*got dim=3"):
             cls(3, 4)
     lin = LinearSymplecticAttentionQ(4, 3)
     params = lin.init(0, xp=xp, device=device)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 3, 4\) \(seq_len=3\), got \(2, 5, 4\)"):
-        lin.apply(params, _x(xp, device, (2, 5, 4)))
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 3, 4\), got \(3, 6\)"):
-        lin.apply(params, _x(xp, device, (3, 6)))
-    with pytest.raises(ValueError, match=r"params\['A'\] must have shape \(3, 3\), got \(2, 2\)"):
-        lin.apply({"A": _x(xp, device, (2, 2))}, _x(xp, device, (3, 4)))
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 3, 4\) \(seq_len=3\), got shape \(2, 5, 4\)"):
+        lin.apply(params, random_input(xp, device, (2, 5, 4)))
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 3, 4\) \(seq_len=3\), got shape \(3, 6\)"):
+        lin.apply(params, random_input(xp, device, (3, 6)))
+    with pytest.raises(ValueError, match=r"params\['A'\] must have shape \(3, 3\), got shape \(2, 2\)"):
+        lin.apply({"A": random_input(xp, device, (2, 2))}, random_input(xp, device, (3, 4)))
     att = SymplecticAttentionP(4)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., T, 4\), got \(3, 6\)"):
-        att.apply(att.init(0, xp=xp, device=device), _x(xp, device, (3, 6)))
-    with pytest.raises(ValueError, match=r"params\['A'\] must have shape \(2, 2\), got \(4, 4\)"):
-        att.apply({"A": _x(xp, device, (4, 4))}, _x(xp, device, (3, 4)))
+    with pytest.raises(
+        ValueError, match=r"SymplecticAttentionP\(4, .*\): x must have shape \(\.\.\., T, 4\), got shape \(3, 6\)"
+    ):
+        att.apply(att.init(0, xp=xp, device=device), random_input(xp, device, (3, 6)))
+    with pytest.raises(ValueError, match=r"params\['A'\] must have shape \(2, 2\), got shape \(4, 4\)"):
+        att.apply({"A": random_input(xp, device, (4, 4))}, random_input(xp, device, (3, 4)))
     with pytest.raises(ValueError, match="softmax must be one of"):
         SymplecticAttentionQ(4, softmax="row")
-    with pytest.raises(ValueError, match="seq_len must be a positive int"):
+    with pytest.raises(ValueError, match="seq_len must be positive, got 0"):
         LinearSymplecticAttentionP(4, 0)
 
 
@@ -284,19 +268,5 @@ def test_traces_under_jax_jit(backend, xp, device):
     """apply and the pullback are pure: under jax.jit they give the eager results to 1e-13."""
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")
-    import jax
-
     chain = Chain(LinearSymplecticAttentionQ(4, 3), SymplecticAttentionP(4, softmax="vector"))
-    params = _chain_params(chain, xp, device)
-    x = _x(xp, device, (2, 3, 4))
-
-    def step(params, x):
-        y, pullback = chain.vjp(params, x)
-        return y, pullback(y)
-
-    y, (dp, dx) = jax.jit(step)(params, x)
-    y0, (dp0, dx0) = step(params, x)
-    assert_close(y, y0, xp=xp, atol=1e-13)
-    assert_close(dx, dx0, xp=xp, atol=1e-13)
-    for a, b in zip(optree.tree_leaves(dp), optree.tree_leaves(dp0), strict=True):
-        assert_close(a, b, xp=xp, atol=1e-13)
+    check_jit_matches_eager(chain, _chain_params(chain, xp, device), random_input(xp, device, (2, 3, 4)), xp)

@@ -11,7 +11,13 @@ import optree
 import pytest
 
 from _helpers import assert_close, max_abs, to_numpy
-from _layer_checks import check_pullback, jacobian, symplectic_form
+from _layer_checks import (
+    check_batched_equals_looped,
+    check_jit_matches_eager,
+    check_pullback,
+    jacobian,
+    symplectic_form,
+)
 from geoarray import random
 from geoarray.manifolds import Stiefel
 from geoarray.nn import Chain
@@ -138,22 +144,7 @@ def test_batched_equals_looped(xp, device, name):
     """apply and pullback on (2, 3, d) equal per-sample calls; dparams are the sum of per-sample ones (1e-13)."""
     layer = ALL[name]()
     params = _params(layer, xp, device)
-    x = _x(xp, device, layer.in_dim)
-    y, pullback = layer.vjp(params, x)
-    dy = random.normal(11, tuple(y.shape), xp=xp, device=device)
-    dparams, dx = pullback(dy)
-    y_n, dx_n = to_numpy(y), to_numpy(dx)
-    dp_sum = {key: 0.0 for key in params}
-    for i in range(x.shape[0]):
-        for t in range(x.shape[1]):
-            yi, pbi = layer.vjp(params, x[i, t, :])
-            dpi, dxi = pbi(dy[i, t, :])
-            np.testing.assert_allclose(to_numpy(yi), y_n[i, t], rtol=0, atol=1e-13)
-            np.testing.assert_allclose(to_numpy(dxi), dx_n[i, t], rtol=0, atol=1e-13)
-            for key in params:
-                dp_sum[key] = dp_sum[key] + to_numpy(dpi[key])
-    for key in params:
-        np.testing.assert_allclose(to_numpy(dparams[key]), dp_sum[key], rtol=0, atol=1e-12)
+    check_batched_equals_looped(layer, params, _x(xp, device, layer.in_dim), xp, batch_ndim=2, rtol=1e-13)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,24 +247,29 @@ def test_bad_sizes_raise():
 
 
 def test_bad_inputs_raise(xp, device):
-    """Wrong feature size, wrong param shapes/keys, mixed dtypes and integer inputs are refused clearly."""
+    """Wrong feature size, wrong param shapes/keys, mixed dtypes, integer inputs and a wrong dy are refused clearly."""
     layer = GradientLayerQ(D, M)
     params = layer.init(0, xp=xp, device=device)
-    with pytest.raises(ValueError, match=r"expects x of shape \(\.\.\., 6\), got shape \(2, 3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"GradientLayerQ\(6, 5, 'tanh'\): x must have shape \(\.\.\., 6\), got shape \(2, 3, 4\)"
+    ):
         layer.apply(params, _x(xp, device, 4))
     bad = {**params, "K": random.normal(0, (M, 2), xp=xp, device=device)}
-    with pytest.raises(ValueError, match=r"params\['K'\] must have shape \(5, 3\), got \(5, 2\)"):
+    with pytest.raises(ValueError, match=r"params\['K'\] must have shape \(5, 3\), got shape \(5, 2\)"):
         layer.apply(bad, _x(xp, device, D))
-    with pytest.raises(ValueError, match="keys"):
+    with pytest.raises(ValueError, match=r"params must be a dict with keys \['K', 'a', 'b'\], got \['K'\]"):
         layer.apply({"K": params["K"]}, _x(xp, device, D))
     with pytest.raises(TypeError, match="x must have a real floating dtype"):
         layer.apply(params, xp.ones((2, D), dtype=xp.int64, device=device))
     x32 = xp.astype(_x(xp, device, D), xp.float32)
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match=r"params\['K'\] must have the dtype of x"):
         layer.apply(params, x32)
     psd = PSDLayer(4, 10)
-    with pytest.raises(ValueError, match=r"expects x of shape \(\.\.\., 4\), got shape \(2, 3, 10\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 4\), got shape \(2, 3, 10\)"):
         psd.apply(psd.init(0, xp=xp, device=device), _x(xp, device, 10))
+    _, pullback = layer.vjp(params, _x(xp, device, D))
+    with pytest.raises(ValueError, match=r"dy must have the output's shape \(2, 3, 6\), got shape \(3, 6\)"):
+        pullback(_x(xp, device, D, shape=(3,)))
 
 
 def test_float32_keeps_dtype(xp, device):
@@ -290,18 +286,8 @@ def test_float32_keeps_dtype(xp, device):
 
 
 def test_jit_matches_eager(backend, xp, device):
-    """jax.jit of a G-SympNet vjp equals the eager result to 1e-13 (the layers are traceable)."""
+    """jax.jit of a G-SympNet apply and vjp equals the eager result to 1e-13 (the layers are traceable)."""
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")
-    import jax
-
     layer = CHAINS["G-SympNet"]()
-    params, x = _params(layer, xp, device), _x(xp, device, D)
-
-    def f(params, x):
-        y, pb = layer.vjp(params, x)
-        return y, pb(xp.ones_like(y))
-
-    eager, jitted = f(params, x), jax.jit(f)(params, x)
-    for a, b in zip(optree.tree_leaves(eager), optree.tree_leaves(jitted), strict=True):
-        np.testing.assert_allclose(to_numpy(b), to_numpy(a), rtol=0, atol=1e-13)
+    check_jit_matches_eager(layer, _params(layer, xp, device), _x(xp, device, D), xp, atol=1e-13)

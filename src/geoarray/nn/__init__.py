@@ -6,12 +6,12 @@ the seeds write d × T), pointwise layers ``(..., d)``; symplectic layers split 
 ``[q, p]`` halves.
 """
 
-from .activations import Activation, get_activation
+from .activations import Activation, get_activation, softmax
 from .attention import MultiHeadAttention
 from .base import Chain, Layer
 from .classification import ClassificationLayer
 from .dense import Dense, ResNetLayer
-from .losses import ClassificationL2Loss, MSELoss, RelativeL2Loss, SoftmaxCrossEntropy, softmax
+from .losses import ClassificationL2Loss, MSELoss, RelativeL2Loss, SoftmaxCrossEntropy
 from .manifold_layers import GrassmannLayer, StiefelLayer
 from .symplectic_attention import (
     LinearSymplecticAttentionP,

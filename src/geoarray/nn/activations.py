@@ -1,9 +1,12 @@
-"""Activation functions with their derivatives, for analytic pullbacks.
+"""Activation functions with their derivatives, for analytic pullbacks, and the stable softmax.
 
 A layer takes its activation by name (``"tanh"``, ``"sigmoid"``, ``"relu"``, ``"gelu"``,
 ``"identity"``) or as any object with ``fn(x)`` and ``deriv(x)`` methods (σ and σ′, elementwise,
 array-API). ``gelu`` is the tanh approximation
 ½x(1 + tanh(√(2/π)(x + 0.044715x³))), because the array API standard has no ``erf``.
+
+:func:`softmax` (along an axis, not elementwise) and its pullback :func:`softmax_pullback` are
+shared by the attention and classification layers and the losses.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 from .._backend import array_namespace
 
-__all__ = ["Activation", "get_activation"]
+__all__ = ["Activation", "get_activation", "softmax", "softmax_pullback"]
 
 Array = Any
 
@@ -111,3 +114,25 @@ def get_activation(activation: str | Any) -> Activation:
             f"deriv, got {activation!r}"
         )
     return Activation(getattr(activation, "name", type(activation).__name__), fn, deriv)
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax
+# ---------------------------------------------------------------------------------------------
+
+
+def softmax(z: Array, axis: int = -1) -> Array:
+    """softmax(z)_i = exp(z_i) / Σ_j exp(z_j) along ``axis`` (eq. 22 of seed 002).
+
+    The maximum along ``axis`` is subtracted first: the result is unchanged (softmax is invariant
+    under shifts) and exp never overflows, whatever the size of the logits.
+    """
+    xp = array_namespace(z=z)
+    e = xp.exp(z - xp.max(z, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def softmax_pullback(p: Array, dp: Array, axis: int = -1) -> Array:
+    """Pullback of p = softmax(z) along ``axis``: dz = p ⊙ (dp − ⟨dp, p⟩), from the output ``p``."""
+    xp = array_namespace(p=p, dp=dp)
+    return p * (dp - xp.sum(dp * p, axis=axis, keepdims=True))

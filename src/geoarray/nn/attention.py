@@ -7,10 +7,9 @@ from typing import Any
 
 from .. import random as _random
 from ..manifolds import Stiefel
-from ..manifolds.base import _check_size
+from ._checks import check_cotangent, check_input, check_params, check_size, glorot_uniform, sum_outer
+from .activations import softmax, softmax_pullback
 from .base import Layer
-from .dense import _check_input, _check_params, _glorot
-from .losses import softmax, softmax_pullback
 
 __all__ = ["MultiHeadAttention"]
 
@@ -53,8 +52,8 @@ class MultiHeadAttention(Layer):
     def __init__(
         self, dim: int, n_heads: int, *, stiefel: bool = True, add_connection: bool = True, scale: float = 1.0
     ):
-        self.dim = _check_size(dim, "dim")
-        self.n_heads = _check_size(n_heads, "n_heads")
+        self.dim = check_size(dim, "dim")
+        self.n_heads = check_size(n_heads, "n_heads")
         if self.dim % self.n_heads:
             raise ValueError(
                 f"MultiHeadAttention: dim must be divisible by n_heads (head dimension dim/n_heads), "
@@ -83,7 +82,7 @@ class MultiHeadAttention(Layer):
             M = Stiefel(self.dim, self.head_dim)
             draw = [M.random(s, xp=xp, batch_shape=(self.n_heads,), dtype=dtype, device=device) for s in seeds]
         else:
-            draw = [_glorot(s, shape, self.dim, self.head_dim, xp=xp, dtype=dtype, device=device) for s in seeds]
+            draw = [glorot_uniform(s, shape, self.dim, self.head_dim, xp=xp, dtype=dtype, device=device) for s in seeds]
         return dict(zip(_KEYS, draw, strict=True))
 
     def manifolds(self) -> dict[str, Any]:
@@ -102,8 +101,8 @@ class MultiHeadAttention(Layer):
         return xp.reshape(xp.permute_dims(W, (1, 0, 2)), (self.dim, self.n_heads * 3 * self.head_dim))
 
     def _forward(self, params: Any, x: Array):
-        _check_params(self, params, self._shapes())
-        xp = _check_input(self, x, self.dim, sequence=True, **params)
+        check_params(self, params, self._shapes())
+        xp = check_input(self, x, self.dim, params=params, sequence=True)
         h, dh = self.n_heads, self.head_dim
         batch, T = tuple(x.shape[:-2]), x.shape[-2]
         swap = self._swap(len(batch))
@@ -136,6 +135,7 @@ class MultiHeadAttention(Layer):
         swap = self._swap(len(batch))
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
+            check_cotangent(self, dy, y.shape)
             dO = xp.permute_dims(xp.reshape(dy, (*batch, T, h, dh)), swap)  # (..., h, T, d_h)
             dA = dO @ xp.matrix_transpose(V)
             dV = xp.matrix_transpose(A) @ dO
@@ -146,7 +146,7 @@ class MultiHeadAttention(Layer):
             dQ = xp.matrix_transpose(dS) @ K
             # back to rows of x: (BT, h·3d_h), the layout of x @ Wf
             dP = xp.reshape(xp.permute_dims(xp.concat([dQ, dK, dV], axis=-1), swap), (BT, h * 3 * dh))
-            dWf = xp.matrix_transpose(xp.reshape(x, (BT, self.dim))) @ dP  # summed over batch and time
+            dWf = sum_outer(x, dP, xp)  # summed over batch and time
             dW = xp.permute_dims(xp.reshape(dWf, (self.dim, h, 3 * dh)), (1, 0, 2))  # (h, dim, 3d_h)
             grads = {k: dW[..., i * dh : (i + 1) * dh] for i, k in enumerate(_KEYS)}
             dx = xp.reshape(dP @ xp.matrix_transpose(Wf), x.shape)

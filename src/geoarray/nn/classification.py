@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._backend import device as _device
-from ..manifolds.base import _check_size
+from ._checks import check_cotangent, check_input, check_params, check_size, glorot_uniform, sum_outer
+from .activations import softmax, softmax_pullback
 from .base import Layer
-from .dense import _check_input, _check_params, _flat, _glorot
-from .losses import softmax, softmax_pullback
 
 __all__ = ["ClassificationLayer"]
 
@@ -29,8 +28,8 @@ class ClassificationLayer(Layer):
     """
 
     def __init__(self, dim: int, n_classes: int, *, average: bool = False, logits: bool = False):
-        self.dim = _check_size(dim, "dim")
-        self.n_classes = _check_size(n_classes, "n_classes")
+        self.dim = check_size(dim, "dim")
+        self.n_classes = check_size(n_classes, "n_classes")
         self.average = bool(average)
         self.logits = bool(logits)
 
@@ -42,15 +41,15 @@ class ClassificationLayer(Layer):
         return {"W": (self.n_classes, self.dim)}
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict[str, Array]:
-        W = _glorot(seed, (self.n_classes, self.dim), self.dim, self.n_classes, xp=xp, dtype=dtype, device=device)
-        return {"W": W}
+        shape = (self.n_classes, self.dim)
+        return {"W": glorot_uniform(seed, shape, self.dim, self.n_classes, xp=xp, dtype=dtype, device=device)}
 
     def manifolds(self) -> dict[str, None]:
         return {"W": None}
 
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array, Array]:
-        _check_params(self, params, self._shapes())
-        xp = _check_input(self, x, self.dim, sequence=True, **params)
+        check_params(self, params, self._shapes())
+        xp = check_input(self, x, self.dim, params=params, sequence=True)
         h = xp.mean(x, axis=-2) if self.average else x[..., -1, :]
         z = h @ xp.matrix_transpose(params["W"])
         return xp, h, (z if self.logits else softmax(z, axis=-1))
@@ -64,8 +63,9 @@ class ClassificationLayer(Layer):
         T = x.shape[-2]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
+            check_cotangent(self, dy, y.shape)
             dz = dy if self.logits else softmax_pullback(y, dy, axis=-1)
-            dW = xp.matrix_transpose(_flat(dz, xp)) @ _flat(h, xp)
+            dW = sum_outer(dz, h, xp)
             dh = dz @ W
             if self.average:
                 dx = xp.broadcast_to(dh[..., None, :] / T, x.shape)

@@ -9,13 +9,9 @@ product over the flattened batch.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from .. import random as _random
-from .._backend import array_namespace, check_real_floating
-from .._backend import device as _device
-from ..manifolds.base import _check_size
+from ._checks import check_cotangent, check_input, check_params, check_size, glorot_uniform, sum_lead, sum_outer, zeros
 from .activations import get_activation
 from .base import Layer
 
@@ -24,57 +20,14 @@ __all__ = ["Dense", "ResNetLayer"]
 Array = Any
 
 
-# ---------------------------------------------------------------------------------------------
-# argument checks shared by the layers of this package
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_params(layer: Layer, params: Any, shapes: dict[str, tuple[int, ...]]) -> None:
-    """``params`` is a dict with exactly the keys of ``shapes`` and arrays of those shapes."""
-    if not isinstance(params, dict) or set(params) != set(shapes):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise ValueError(f"params of {layer!r} must be a dict with keys {sorted(shapes)}, got {got}")
-    for key, shape in shapes.items():
-        if tuple(params[key].shape) != tuple(shape):
-            raise ValueError(
-                f"params[{key!r}] of {layer!r} must have shape {tuple(shape)}, got {tuple(params[key].shape)}"
-            )
-
-
-def _check_input(layer: Layer, x: Array, d: int, *, sequence: bool = False, **params: Array) -> Any:
-    """The namespace of x and params; x real floating with last axis d (and a time axis if ``sequence``)."""
-    xp = array_namespace(x=x, **params)
-    check_real_floating(x, "x", xp)
-    min_ndim, layout = (2, "(..., T, d)") if sequence else (1, "(..., d)")
-    if x.ndim < min_ndim or x.shape[-1] != d:
-        raise ValueError(f"x must have shape {layout} with d = {d} for {layer!r}, got shape {tuple(x.shape)}")
-    return xp
-
-
-def _glorot(seed: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, *, xp: Any, dtype: Any, device: Any):
-    """U(−a, a) with a = √(6/(fan_in + fan_out)) (Glorot uniform, the GeometricMachineLearning.jl default)."""
-    a = math.sqrt(6.0 / (fan_in + fan_out))
-    return _random.uniform(seed, shape, xp=xp, low=-a, high=a, dtype=dtype, device=device)
-
-
-def _flat(x: Array, xp: Any) -> Array:
-    """(..., d) → (B, d) with B the product of the leading axes (1 for a single vector)."""
-    return xp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
-
-
-# ---------------------------------------------------------------------------------------------
-# layers
-# ---------------------------------------------------------------------------------------------
-
-
 class _Affine(Layer):
     """σ(Wx + b) with its pullback; Dense and ResNetLayer add the residual or not."""
 
     residual = False
 
     def __init__(self, in_dim: int, out_dim: int, activation: Any, use_bias: bool):
-        self.in_dim = _check_size(in_dim, "in_dim")
-        self.out_dim = _check_size(out_dim, "out_dim")
+        self.in_dim = check_size(in_dim, "in_dim")
+        self.out_dim = check_size(out_dim, "out_dim")
         self.activation = get_activation(activation)
         self.use_bias = bool(use_bias)
 
@@ -86,18 +39,18 @@ class _Affine(Layer):
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict[str, Array]:
         """W Glorot-uniform (out × in), b = 0."""
-        W = _glorot(seed, (self.out_dim, self.in_dim), self.in_dim, self.out_dim, xp=xp, dtype=dtype, device=device)
-        params = {"W": W}
+        shape = (self.out_dim, self.in_dim)
+        params = {"W": glorot_uniform(seed, shape, self.in_dim, self.out_dim, xp=xp, dtype=dtype, device=device)}
         if self.use_bias:
-            params["b"] = array_namespace(W=W).zeros((self.out_dim,), dtype=W.dtype, device=_device(W))
+            params["b"] = zeros((self.out_dim,), xp=xp, dtype=dtype, device=device)
         return params
 
     def manifolds(self) -> dict[str, None]:
         return dict.fromkeys(self._shapes())
 
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array, Array]:
-        _check_params(self, params, self._shapes())
-        xp = _check_input(self, x, self.in_dim, **params)
+        check_params(self, params, self._shapes())
+        xp = check_input(self, x, self.in_dim, params=params)
         z = x @ xp.matrix_transpose(params["W"])
         if self.use_bias:
             z = z + params["b"]
@@ -112,11 +65,11 @@ class _Affine(Layer):
         W = params["W"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
+            check_cotangent(self, dy, y.shape)
             dz = dy * self.activation.deriv(z)
-            dz_flat = _flat(dz, xp)
-            grads = {"W": xp.matrix_transpose(dz_flat) @ _flat(x, xp)}
+            grads = {"W": sum_outer(dz, x, xp)}
             if self.use_bias:
-                grads["b"] = xp.sum(dz_flat, axis=0)
+                grads["b"] = sum_lead(dz, xp)
             dx = dz @ W
             return grads, (dx + dy if self.residual else dx)
 

@@ -1,4 +1,4 @@
-"""Loss functions with analytic pullbacks, and the stable softmax the layers share.
+"""Loss functions with analytic pullbacks.
 
 Every loss is an object with one design::
 
@@ -36,6 +36,7 @@ from typing import Any
 
 from .._backend import array_namespace, check_real_floating, is_numpy
 from .._backend import device as _device
+from .activations import softmax, softmax_pullback  # re-exported: losses.softmax predates activations.softmax
 
 __all__ = [
     "ClassificationL2Loss",
@@ -50,29 +51,8 @@ __all__ = [
 Array = Any
 
 
-# ---------------------------------------------------------------------------------------------
-# softmax
-# ---------------------------------------------------------------------------------------------
-
-
-def softmax(z: Array, axis: int = -1) -> Array:
-    """softmax(z)_i = exp(z_i) / Σ_j exp(z_j) along ``axis`` (eq. 22 of seed 002).
-
-    The maximum along ``axis`` is subtracted first: the result is unchanged (softmax is invariant
-    under shifts) and exp never overflows, whatever the size of the logits.
-    """
-    xp = array_namespace(z=z)
-    e = xp.exp(z - xp.max(z, axis=axis, keepdims=True))
-    return e / xp.sum(e, axis=axis, keepdims=True)
-
-
-def softmax_pullback(p: Array, dp: Array, axis: int = -1) -> Array:
-    """Pullback of p = softmax(z) along ``axis``: dz = p ⊙ (dp − ⟨dp, p⟩), from the output ``p``."""
-    xp = array_namespace(p=p, dp=dp)
-    return p * (dp - xp.sum(dp * p, axis=axis, keepdims=True))
-
-
 def _log_softmax(z: Array, xp: Any) -> Array:
+    """log softmax(z) along the last axis as a max-shifted log-sum-exp (finite for huge logits)."""
     s = z - xp.max(z, axis=-1, keepdims=True)
     return s - xp.log(xp.sum(xp.exp(s), axis=-1, keepdims=True))
 

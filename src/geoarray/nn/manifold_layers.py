@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..manifolds import Grassmann, Stiefel
-from ..manifolds.base import _check_size
+from ._checks import check_cotangent, check_input, check_params, check_size, sum_outer
 from .base import Layer
-from .dense import _check_input, _check_params, _flat
 
 __all__ = ["GrassmannLayer", "StiefelLayer"]
 
@@ -24,8 +23,8 @@ class _FrameLayer(Layer):
     manifold_type: type = Stiefel
 
     def __init__(self, N: int, n: int):
-        self.N = _check_size(N, "N")
-        self.n = _check_size(n, "n")
+        self.N = check_size(N, "N")
+        self.n = check_size(n, "n")
         # the manifold validates n ≤ N with a message naming both
         self._manifold = self.manifold_type(self.N, self.n)
 
@@ -56,9 +55,9 @@ class StiefelLayer(_FrameLayer):
         return f"StiefelLayer({self.N}, {self.n}{', transpose=True' if self.transpose else ''})"
 
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array]:
-        _check_params(self, params, {"Y": (self.N, self.n)})
+        check_params(self, params, {"Y": (self.N, self.n)})
+        xp = check_input(self, x, self.N if self.transpose else self.n, params=params)
         Y = params["Y"]
-        xp = _check_input(self, x, self.N if self.transpose else self.n, Y=Y)
         return xp, (x @ Y if self.transpose else x @ xp.matrix_transpose(Y))
 
     def apply(self, params: Any, x: Array) -> Array:
@@ -69,10 +68,10 @@ class StiefelLayer(_FrameLayer):
         Y = params["Y"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            xf, dyf = _flat(x, xp), _flat(dy, xp)
+            check_cotangent(self, dy, y.shape)
             if self.transpose:
-                return {"Y": xp.matrix_transpose(xf) @ dyf}, dy @ xp.matrix_transpose(Y)
-            return {"Y": xp.matrix_transpose(dyf) @ xf}, dy @ Y
+                return {"Y": sum_outer(x, dy, xp)}, dy @ xp.matrix_transpose(Y)
+            return {"Y": sum_outer(dy, x, xp)}, dy @ Y
 
         return y, pullback
 
@@ -95,9 +94,9 @@ class GrassmannLayer(_FrameLayer):
         return f"GrassmannLayer({self.N}, {self.n})"
 
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array, Array]:
-        _check_params(self, params, {"Y": (self.N, self.n)})
+        check_params(self, params, {"Y": (self.N, self.n)})
+        xp = check_input(self, x, self.N, params=params)
         Y = params["Y"]
-        xp = _check_input(self, x, self.N, Y=Y)
         c = x @ Y  # coordinates in the basis
         return xp, c, c @ xp.matrix_transpose(Y)
 
@@ -109,8 +108,9 @@ class GrassmannLayer(_FrameLayer):
         Y = params["Y"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
+            check_cotangent(self, dy, y.shape)
             dc = dy @ Y
-            dY = xp.matrix_transpose(_flat(x, xp)) @ _flat(dc, xp) + xp.matrix_transpose(_flat(dy, xp)) @ _flat(c, xp)
+            dY = sum_outer(x, dc, xp) + sum_outer(dy, c, xp)
             return {"Y": dY}, dc @ xp.matrix_transpose(Y)
 
         return y, pullback

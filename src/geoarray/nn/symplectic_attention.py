@@ -19,8 +19,8 @@ from typing import Any
 from .. import _backend
 from .. import random as _random
 from ..linalg import sym
+from ._checks import check_cotangent, check_even_size, check_input, check_params, check_size, sum_outer
 from .base import Layer
-from .volume_preserving import _check_cotangent, _check_dim, _check_input, _get_param, _gram
 
 __all__ = [
     "LinearSymplecticAttentionP",
@@ -30,13 +30,6 @@ __all__ = [
 ]
 
 Array = Any
-
-
-def _check_even_dim(dim: Any, layer: str) -> int:
-    dim = _check_dim(dim, "dim")
-    if dim % 2:
-        raise ValueError(f"{layer}: dim must be even (the feature axis is split into [q, p] halves), got {dim}")
-    return dim
 
 
 def _halves(x: Array, k: int) -> tuple[Array, Array]:
@@ -66,8 +59,8 @@ class _SymplecticShear(Layer):
 
 class _LinearSymplecticAttention(_SymplecticShear):
     def __init__(self, dim: int, seq_len: int):
-        self.dim = _check_even_dim(dim, type(self).__name__)
-        self.seq_len = _check_dim(seq_len, "seq_len")
+        self.dim = check_even_size(dim, "dim")
+        self.seq_len = check_size(seq_len, "seq_len")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dim}, {self.seq_len})"
@@ -83,11 +76,9 @@ class _LinearSymplecticAttention(_SymplecticShear):
         return {"A": None}
 
     def _prepare(self, params: Any, x: Array) -> tuple[Any, Array]:
-        name = type(self).__name__
-        A = _get_param(params, "A", (self.seq_len, self.seq_len), name)
-        xp = _backend.array_namespace(x=x, A=A)
-        _check_input(x, xp, name, self.dim, sequence=True, seq_len=self.seq_len)
-        return xp, sym(A)
+        check_params(self, params, {"A": (self.seq_len, self.seq_len)})
+        xp = check_input(self, x, self.dim, params=params, sequence=True, seq_len=self.seq_len)
+        return xp, sym(params["A"])
 
     def apply(self, params: Any, x: Array) -> Array:
         xp, Abar = self._prepare(params, x)
@@ -98,14 +89,13 @@ class _LinearSymplecticAttention(_SymplecticShear):
         xp, Abar = self._prepare(params, x)
         s, t = self._split(x)
         y = self._combine(s, t + Abar @ s, xp)
-        name = type(self).__name__
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            _check_cotangent(dy, y.shape, name)
+            check_cotangent(self, dy, y.shape)
             ds, dt = self._split(dy)
             dx = self._combine(ds + Abar @ dt, dt, xp)  # Ā is symmetric: Āᵀ dt = Ā dt
             # ⟨dt, Ā s⟩ summed over batch and features → Σ dt sᵀ (T×T), projected by sym (self-adjoint)
-            dAbar = _gram(xp.matrix_transpose(dt), xp.matrix_transpose(s), xp)
+            dAbar = sum_outer(xp.matrix_transpose(dt), xp.matrix_transpose(s), xp)
             return {"A": sym(dAbar)}, dx
 
         return y, pullback
@@ -148,7 +138,7 @@ _SOFTMAX = ("matrix", "vector")
 
 class _SymplecticAttention(_SymplecticShear):
     def __init__(self, dim: int, *, symmetric: bool = False, softmax: str = "matrix"):
-        self.dim = _check_even_dim(dim, type(self).__name__)
+        self.dim = check_even_size(dim, "dim")
         if not isinstance(symmetric, bool):
             raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
         if softmax not in _SOFTMAX:
@@ -170,11 +160,10 @@ class _SymplecticAttention(_SymplecticShear):
         return {"A": None}
 
     def _prepare(self, params: Any, x: Array) -> tuple[Any, Array]:
-        name = type(self).__name__
         k = self.dim // 2
-        A = _get_param(params, "A", (k, k), name)
-        xp = _backend.array_namespace(x=x, A=A)
-        _check_input(x, xp, name, self.dim, sequence=True)
+        check_params(self, params, {"A": (k, k)})
+        xp = check_input(self, x, self.dim, params=params, sequence=True)
+        A = params["A"]
         return xp, sym(A) if self.symmetric else A
 
     # -- the potential and its derivatives ----------------------------------------------------
@@ -236,12 +225,11 @@ class _SymplecticAttention(_SymplecticShear):
         s, t = self._split(x)
         g, (sA, sAt, w) = self._gradient(s, Ae, xp)
         y = self._combine(s, t + g, xp)
-        name = type(self).__name__
         axes = self._axes()
         mT = xp.matrix_transpose
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            _check_cotangent(dy, y.shape, name)
+            check_cotangent(self, dy, y.shape)
             ds, v = self._split(dy)
             # φ = ⟨v, ∇_s Σ⟩ = ⟨w, Ċ⟩ with Ċ = v Ae sᵀ + s Ae vᵀ (C differentiated along v). Its
             # gradients are the Hessian-vector product H v (w.r.t. s) and the cotangent of Ae:
@@ -252,7 +240,7 @@ class _SymplecticAttention(_SymplecticShear):
             R = wC - w * xp.sum(wC, axis=axes, keepdims=True)
             Hv = R @ sAt + mT(R) @ sA + w @ (v @ mT(Ae)) + mT(w) @ (v @ Ae)
             # Ae enters through C (⟨R, s dA sᵀ⟩) and through Ċ (⟨w, v dA sᵀ + s dA vᵀ⟩)
-            dAe = _gram(s, R @ s + w @ v, xp) + _gram(v, w @ s, xp)
+            dAe = sum_outer(s, R @ s + w @ v, xp) + sum_outer(v, w @ s, xp)
             dx = self._combine(ds + Hv, v, xp)
             return {"A": sym(dAe) if self.symmetric else dAe}, dx
 

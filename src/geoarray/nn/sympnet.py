@@ -28,14 +28,21 @@ Parameter gradients are summed over all leading dimensions of the input.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import Any
 
 from .. import random as _random
-from .._backend import array_namespace, as_namespace, check_real_floating, resolve_dtype
 from ..manifolds import Stiefel
-from ..manifolds.base import _check_size
+from ._checks import (
+    check_cotangent,
+    check_even_size,
+    check_input,
+    check_params,
+    check_size,
+    scaled_normal,
+    sum_lead,
+    sum_outer,
+    zeros,
+)
 from .activations import get_activation
 from .base import Layer, Pullback
 
@@ -53,35 +60,6 @@ __all__ = [
 Array = Any
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _even_dim(value: Any, name: str) -> int:
-    value = _check_size(value, name)
-    if value % 2:
-        raise ValueError(f"{name} must be even (the feature axis is split into [q, p] halves), got {name}={value}")
-    return value
-
-
-def _sum_outer(a: Array, b: Array, xp: Any) -> Array:
-    """Σ over leading dimensions of a[..., :, None] · b[..., None, :], as one matmul: (m, k)."""
-    rows = math.prod(a.shape[:-1])
-    return xp.matrix_transpose(xp.reshape(a, (rows, a.shape[-1]))) @ xp.reshape(b, (rows, b.shape[-1]))
-
-
-def _sum_lead(a: Array, xp: Any) -> Array:
-    """Σ over all leading dimensions of a (..., m): (m,)."""
-    return xp.sum(xp.reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])), axis=0)
-
-
-def _zeros(shape: tuple[int, ...], xp: Any, dtype: Any, device: Any) -> Array:
-    xp = as_namespace(xp)
-    dt = resolve_dtype(xp, dtype, device)
-    return xp.zeros(shape, dtype=dt) if device is None else xp.zeros(shape, dtype=dt, device=device)
-
-
 class _PointwiseLayer(Layer):
     """Shared checks of layers acting on the last axis of ``(..., dim)`` inputs."""
 
@@ -89,30 +67,9 @@ class _PointwiseLayer(Layer):
     _shapes: dict[str, tuple[int, ...]]
     in_dim: int
 
-    def _check_params(self, params: Any) -> None:
-        if not isinstance(params, Mapping) or set(params) != set(self._shapes):
-            got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
-            raise ValueError(f"{type(self).__name__} params must be a dict with keys {sorted(self._shapes)}, got {got}")
-        for key, shape in self._shapes.items():
-            actual = tuple(getattr(params[key], "shape", ()))
-            if actual != shape:
-                raise ValueError(f"{type(self).__name__} params[{key!r}] must have shape {shape}, got {actual}")
-
     def _check_input(self, params: Any, x: Array) -> Any:
-        self._check_params(params)
-        xp = array_namespace(x=x, **{f"params[{k!r}]": params[k] for k in self._shapes})
-        check_real_floating(x, "x", xp)
-        if x.ndim < 1 or x.shape[-1] != self.in_dim:
-            raise ValueError(
-                f"{type(self).__name__} expects x of shape (..., {self.in_dim}), got shape {tuple(x.shape)}"
-            )
-        for key in self._shapes:
-            if params[key].dtype != x.dtype:
-                raise TypeError(
-                    f"{type(self).__name__}: params[{key!r}] has dtype {params[key].dtype} but x has dtype {x.dtype}; "
-                    "cast one of them so that the result keeps the input dtype"
-                )
-        return xp
+        check_params(self, params, self._shapes)
+        return check_input(self, x, self.in_dim, params=params)
 
     def manifolds(self) -> dict:
         return dict.fromkeys(self._shapes)
@@ -131,7 +88,7 @@ class _Shear(_PointwiseLayer):
     _update: str
 
     def __init__(self, dim: int):
-        self.dim = _even_dim(dim, "dim")
+        self.dim = check_even_size(dim, "dim")
         self.in_dim = self.dim
         self.k = self.dim // 2
 
@@ -147,6 +104,7 @@ class _Shear(_PointwiseLayer):
         y = xp.concat([q + inc, p] if self._update == "q" else [q, p + inc], axis=-1)
 
         def pullback(dy: Array) -> tuple[dict, Array]:
+            check_cotangent(self, dy, y.shape)
             dq, dp = dy[..., :k], dy[..., k:]
             dtarget, dsrc = (dq, dp) if self._update == "q" else (dp, dq)
             dparams, dsrc_inc = inc_pullback(dtarget)
@@ -168,7 +126,7 @@ class _Shear(_PointwiseLayer):
 class _GradientLayer(_Shear):
     def __init__(self, dim: int, upscale: int, activation: Any = "tanh"):
         super().__init__(dim)
-        self.upscale = _check_size(upscale, "upscale")
+        self.upscale = check_size(upscale, "upscale")
         self.activation = get_activation(activation)
         self._shapes = {"K": (self.upscale, self.k), "a": (self.upscale,), "b": (self.upscale,)}
 
@@ -180,9 +138,9 @@ class _GradientLayer(_Shear):
         s_K, s_a = _random.spawn(seed, 2)
         m, k = self.upscale, self.k
         return {
-            "K": _random.normal(s_K, (m, k), xp=xp, dtype=dtype, device=device, scale=1 / math.sqrt(k)),
-            "a": _random.normal(s_a, (m,), xp=xp, dtype=dtype, device=device, scale=1 / math.sqrt(m)),
-            "b": _zeros((m,), xp, dtype, device),
+            "K": scaled_normal(s_K, (m, k), k, xp=xp, dtype=dtype, device=device),
+            "a": scaled_normal(s_a, (m,), m, xp=xp, dtype=dtype, device=device),
+            "b": zeros((m,), xp=xp, dtype=dtype, device=device),
         }
 
     def _increment(self, params: Any, src: Array, xp: Any) -> tuple[Array, Pullback]:
@@ -194,8 +152,8 @@ class _GradientLayer(_Shear):
         def pullback(dt: Array) -> tuple[dict, Array]:
             w = dt @ xp.matrix_transpose(K)  # K dt, (..., m)
             g = w * a * self.activation.deriv(z)
-            dK = _sum_outer(a * s, dt, xp) + _sum_outer(g, src, xp)
-            return {"K": dK, "a": _sum_lead(w * s, xp), "b": _sum_lead(g, xp)}, g @ K
+            dK = sum_outer(a * s, dt, xp) + sum_outer(g, src, xp)
+            return {"K": dK, "a": sum_lead(w * s, xp), "b": sum_lead(g, xp)}, g @ K
 
         return inc, pullback
 
@@ -239,7 +197,7 @@ class _LinearLayer(_Shear):
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """S ~ N(0, 1/k) entrywise (the layer uses its symmetric part)."""
         k = self.k
-        return {"S": _random.normal(seed, (k, k), xp=xp, dtype=dtype, device=device, scale=1 / math.sqrt(k))}
+        return {"S": scaled_normal(seed, (k, k), k, xp=xp, dtype=dtype, device=device)}
 
     def _increment(self, params: Any, src: Array, xp: Any) -> tuple[Array, Pullback]:
         S = params["S"]
@@ -247,7 +205,7 @@ class _LinearLayer(_Shear):
         inc = src @ S_sym  # S_sym symmetric: the row form of S_sym src
 
         def pullback(dt: Array) -> tuple[dict, Array]:
-            G = _sum_outer(src, dt, xp)
+            G = sum_outer(src, dt, xp)
             return {"S": (G + xp.matrix_transpose(G)) / 2}, dt @ S_sym
 
         return inc, pullback
@@ -288,14 +246,14 @@ class _ActivationLayer(_Shear):
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """a ~ N(0, 1/k)."""
         k = self.k
-        return {"a": _random.normal(seed, (k,), xp=xp, dtype=dtype, device=device, scale=1 / math.sqrt(k))}
+        return {"a": scaled_normal(seed, (k,), k, xp=xp, dtype=dtype, device=device)}
 
     def _increment(self, params: Any, src: Array, xp: Any) -> tuple[Array, Pullback]:
         a = params["a"]
         s = self.activation.fn(src)
 
         def pullback(dt: Array) -> tuple[dict, Array]:
-            return {"a": _sum_lead(dt * s, xp)}, dt * a * self.activation.deriv(src)
+            return {"a": sum_lead(dt * s, xp)}, dt * a * self.activation.deriv(src)
 
         return a * s, pullback
 
@@ -328,7 +286,7 @@ class BiasLayer(_PointwiseLayer):
     """
 
     def __init__(self, dim: int):
-        self.dim = _even_dim(dim, "dim")
+        self.dim = check_even_size(dim, "dim")
         self.in_dim = self.dim
         self._shapes = {"b": (self.dim,)}
 
@@ -337,15 +295,18 @@ class BiasLayer(_PointwiseLayer):
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         _random.generator(seed)  # the seed is unused, but a bad one is still an error
-        return {"b": _zeros((self.dim,), xp, dtype, device)}
+        return {"b": zeros((self.dim,), xp=xp, dtype=dtype, device=device)}
 
     def vjp(self, params: Any, x: Array) -> tuple[Array, Pullback]:
         xp = self._check_input(params, x)
 
-        def pullback(dy: Array) -> tuple[dict, Array]:
-            return {"b": _sum_lead(dy, xp)}, dy
+        y = x + params["b"]
 
-        return x + params["b"], pullback
+        def pullback(dy: Array) -> tuple[dict, Array]:
+            check_cotangent(self, dy, y.shape)
+            return {"b": sum_lead(dy, xp)}, dy
+
+        return y, pullback
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,8 +330,8 @@ class PSDLayer(_PointwiseLayer):
     """
 
     def __init__(self, in_dim: int, out_dim: int):
-        self.in_dim = _even_dim(in_dim, "in_dim")
-        self.out_dim = _even_dim(out_dim, "out_dim")
+        self.in_dim = check_even_size(in_dim, "in_dim")
+        self.out_dim = check_even_size(out_dim, "out_dim")
         self.lifting = self.in_dim <= self.out_dim
         self.N = max(self.in_dim, self.out_dim) // 2
         self.n = min(self.in_dim, self.out_dim) // 2
@@ -397,8 +358,9 @@ class PSDLayer(_PointwiseLayer):
         y = xp.reshape(z @ M, (*lead, self.out_dim))
 
         def pullback(dy: Array) -> tuple[dict, Array]:
+            check_cotangent(self, dy, y.shape)
             dz = xp.reshape(dy, (*lead, 2, half_out))
-            dPhi = _sum_outer(dz, z, xp) if self.lifting else _sum_outer(z, dz, xp)
+            dPhi = sum_outer(dz, z, xp) if self.lifting else sum_outer(z, dz, xp)
             dx = xp.reshape(dz @ xp.matrix_transpose(M), (*lead, self.in_dim))
             return {"Phi": dPhi}, dx
 

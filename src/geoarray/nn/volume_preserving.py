@@ -18,55 +18,13 @@ from typing import Any
 from .. import _backend
 from .. import random as _random
 from ..linalg import cayley, eye, skew
+from ._checks import check_cotangent, check_input, check_params, check_size, sum_lead, sum_outer, zeros
 from .activations import get_activation
 from .base import Layer
 
 __all__ = ["VolumePreservingAttention", "VolumePreservingLowerLayer", "VolumePreservingUpperLayer"]
 
 Array = Any
-
-
-# --------------------------------------------------------------------------------------------
-# shared private helpers (candidates for a common nn/_checks.py)
-# --------------------------------------------------------------------------------------------
-
-
-def _check_dim(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _check_input(x: Array, xp: Any, layer: str, dim: int, *, sequence: bool, seq_len: int | None = None) -> None:
-    """``x`` must be real floating with shape (..., T, dim) (``sequence``) or (..., dim)."""
-    _backend.check_real_floating(x, "x", xp)
-    expected = f"(..., {seq_len if seq_len is not None else 'T'}, {dim})" if sequence else f"(..., {dim})"
-    if x.ndim < (2 if sequence else 1) or x.shape[-1] != dim:
-        raise ValueError(f"{layer}: x must have shape {expected}, got {tuple(x.shape)}")
-    if sequence and seq_len is not None and x.shape[-2] != seq_len:
-        raise ValueError(f"{layer}: x must have shape {expected} (seq_len={seq_len}), got {tuple(x.shape)}")
-
-
-def _get_param(params: Any, key: str, shape: tuple[int, ...], layer: str) -> Array:
-    if not isinstance(params, dict) or key not in params:
-        keys = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise ValueError(f"{layer}: params must be a dict with key {key!r}, got {keys}")
-    a = params[key]
-    if tuple(a.shape) != shape:
-        raise ValueError(f"{layer}: params[{key!r}] must have shape {shape}, got {tuple(a.shape)}")
-    return a
-
-
-def _check_cotangent(dy: Array, y_shape: tuple[int, ...], layer: str) -> None:
-    if tuple(dy.shape) != tuple(y_shape):
-        raise ValueError(f"{layer}: dy must have the output's shape {tuple(y_shape)}, got {tuple(dy.shape)}")
-
-
-def _gram(a: Array, b: Array, xp: Any) -> Array:
-    """Σ over all leading (batch) axes of aᵀ b, for a (..., n, i), b (..., n, j): one (i×Nn)(Nn×j) matmul."""
-    a2 = xp.reshape(a, (-1, a.shape[-1]))
-    b2 = xp.reshape(b, (-1, b.shape[-1]))
-    return xp.matrix_transpose(a2) @ b2
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,8 +66,8 @@ class VolumePreservingAttention(Layer):
     """
 
     def __init__(self, dim: int, seq_len: int | None = None, *, skew_sym: bool = True):
-        self.dim = _check_dim(dim, "dim")
-        self.seq_len = None if seq_len is None else _check_dim(seq_len, "seq_len")
+        self.dim = check_size(dim, "dim")
+        self.seq_len = None if seq_len is None else check_size(seq_len, "seq_len")
         if not isinstance(skew_sym, bool):
             raise TypeError(f"skew_sym must be a bool, got {skew_sym!r}")
         self.skew_sym = skew_sym
@@ -129,10 +87,9 @@ class VolumePreservingAttention(Layer):
     # -- pieces -----------------------------------------------------------------------------
 
     def _prepare(self, params: Any, x: Array) -> tuple[Any, Array, Array]:
-        name = type(self).__name__
-        A = _get_param(params, "A", (self.dim, self.dim), name)
-        xp = _backend.array_namespace(x=x, A=A)
-        _check_input(x, xp, name, self.dim, sequence=True, seq_len=self.seq_len)
+        check_params(self, params, {"A": (self.dim, self.dim)})
+        xp = check_input(self, x, self.dim, params=params, sequence=True, seq_len=self.seq_len)
+        A = params["A"]
         return xp, A, skew(A) if self.skew_sym else A
 
     def _correlation(self, xA: Array, x: Array, xp: Any) -> Array:
@@ -171,11 +128,10 @@ class VolumePreservingAttention(Layer):
 
     def vjp(self, params: Any, x: Array) -> tuple[Array, Any]:
         y, (xp, Ae, xA, Kinv, U) = self._forward(params, x)
-        name = type(self).__name__
         mT = xp.matrix_transpose
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            _check_cotangent(dy, y.shape, name)
+            check_cotangent(self, dy, y.shape)
             # U = K⁻¹x, y = 2U − x:  x̄ = K⁻ᵀ(2ȳ) − ȳ,  K̄ = −K⁻ᵀ(2ȳ) Uᵀ,  C̄ = K̄ᵀ (K = I + Cᵀ)
             Gs = mT(Kinv) @ (2 * dy)
             dC = -mT(Gs @ mT(U))
@@ -188,7 +144,7 @@ class VolumePreservingAttention(Layer):
                 dx = Gs - dy + (mT(dG) - dG) @ xA
             else:
                 dx = Gs - dy + dG @ (x @ mT(Ae)) + mT(dG) @ xA
-            dAe = _gram(x, dG @ x, xp)
+            dAe = sum_outer(x, dG @ x, xp)
             return {"A": skew(dAe) if self.skew_sym else dAe}, dx
 
         return y, pullback
@@ -204,7 +160,7 @@ class _VolumePreservingTriangularLayer(Layer):
     _key: str
 
     def __init__(self, dim: int, activation: Any = "tanh", use_bias: bool = True):
-        self.dim = _check_dim(dim, "dim")
+        self.dim = check_size(dim, "dim")
         self.activation = get_activation(activation)
         if not isinstance(use_bias, bool):
             raise TypeError(f"use_bias must be a bool, got {use_bias!r}")
@@ -222,22 +178,25 @@ class _VolumePreservingTriangularLayer(Layer):
         W = _random.normal(seed, (self.dim, self.dim), xp=xp, dtype=dtype, device=device, scale=self.dim**-0.5)
         params = {self._key: self._mask(W, xp)}
         if self.use_bias:
-            params["b"] = xp.zeros_like(W[0, ...])
+            params["b"] = zeros((self.dim,), xp=xp, dtype=dtype, device=device)
         return params
 
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {self._key: (self.dim, self.dim)}
+        if self.use_bias:
+            shapes["b"] = (self.dim,)
+        return shapes
+
     def manifolds(self) -> dict:
-        return {self._key: None, "b": None} if self.use_bias else {self._key: None}
+        return dict.fromkeys(self._shapes())
 
     def _forward(self, params: Any, x: Array) -> tuple[Array, tuple]:
-        name = type(self).__name__
-        W = _get_param(params, self._key, (self.dim, self.dim), name)
-        b = _get_param(params, "b", (self.dim,), name) if self.use_bias else None
-        xp = _backend.array_namespace(x=x, **{self._key: W}, b=b)
-        _check_input(x, xp, name, self.dim, sequence=False)
-        Wm = self._mask(W, xp)
+        check_params(self, params, self._shapes())
+        xp = check_input(self, x, self.dim, params=params)
+        Wm = self._mask(params[self._key], xp)
         a = x @ xp.matrix_transpose(Wm)
-        if b is not None:
-            a = a + b
+        if self.use_bias:
+            a = a + params["b"]
         return x + self.activation.fn(a), (xp, Wm, a)
 
     def apply(self, params: Any, x: Array) -> Array:
@@ -245,15 +204,14 @@ class _VolumePreservingTriangularLayer(Layer):
 
     def vjp(self, params: Any, x: Array) -> tuple[Array, Any]:
         y, (xp, Wm, a) = self._forward(params, x)
-        name = type(self).__name__
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            _check_cotangent(dy, y.shape, name)
+            check_cotangent(self, dy, y.shape)
             g = dy * self.activation.deriv(a)
             dx = dy + g @ Wm
-            grads = {self._key: self._mask(_gram(g, x, xp), xp)}
+            grads = {self._key: self._mask(sum_outer(g, x, xp), xp)}
             if self.use_bias:
-                grads["b"] = xp.sum(xp.reshape(g, (-1, self.dim)), axis=0)
+                grads["b"] = sum_lead(g, xp)
             return grads, dx
 
         return y, pullback
@@ -274,13 +232,11 @@ class VolumePreservingLowerLayer(_VolumePreservingTriangularLayer):
 
 
 class VolumePreservingUpperLayer(_VolumePreservingTriangularLayer):
-    """x ↦ x + σ(U x + b) with U strictly upper triangular (volume-preserving feed-forward).
+    """x ↦ x + σ(U x + b) with U strictly upper triangular (mirror of :class:`VolumePreservingLowerLayer`).
 
     The Jacobian I + diag(σ′(Ux + b)) U is unit upper triangular, so its determinant is 1.
-    Pointwise: ``x`` is ``(..., dim)``; a sequence ``(..., T, dim)`` is mapped vector by vector.
-    Parameters ``{"U": (dim, dim), "b": (dim,)}`` (no ``"b"`` when ``use_bias=False``); U is stored
-    as a full matrix of which only the strict upper triangle is used (its gradient is masked too).
-    ``activation`` is a name of :func:`geoarray.nn.get_activation` or an object with ``fn``/``deriv``.
+    Parameters ``{"U": (dim, dim), "b": (dim,)}`` (no ``"b"`` when ``use_bias=False``), of which
+    only the strict upper triangle of U is used; shapes and options as in the lower layer.
     """
 
     _lower = False
