@@ -52,8 +52,11 @@ class HouseholderSection(NamedTuple):
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀ D for D (..., N, k): the last N − n rows of Qᵀ D, in O(N·n·k)."""
+        xp = array_namespace(D=D, V=self.V)
         n = self.Y.shape[-1]
-        return linalg.apply_qt(self.V, self.T, D)[..., n:, :]
+        # rows n: of Qᵀ D = D − V Tᵀ (Vᵀ D); the top n rows are never formed
+        mT = xp.matrix_transpose
+        return D[..., n:, :] - self.V[..., n:, :] @ (mT(self.T) @ (mT(self.V) @ D))
 
     def perp(self, X: Array) -> Array:
         """Q⊥ X for X (..., N − n, k) = Q [0; X], in O(N·n·k)."""
