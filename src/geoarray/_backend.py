@@ -177,26 +177,46 @@ def to_host(x: Array) -> Any:
     return np.array(np.from_dlpack(x), copy=True)
 
 
+def as_array(x: Any) -> Array:
+    """``x`` as an array: NumPy's 0-d arithmetic and full reductions return NumPy scalars, which are
+    not arrays of any namespace (``np.float64(1) + 1`` is a scalar); every other backend returns arrays."""
+    if isinstance(x, _np_generic()):
+        import numpy as np
+
+        return np.asarray(x)
+    return x
+
+
+def _np_generic() -> type:
+    import numpy as np
+
+    return np.generic
+
+
+def index_dtype(xp: Namespace) -> Any:
+    """The integer dtype of counters: int32 under JAX (int64 needs jax_enable_x64), int64 elsewhere."""
+    return xp.int32 if is_jax(xp) else xp.int64
+
+
+def from_host_like(host: Any, like: Array) -> Array:
+    """A copy of the NumPy array ``host`` in the namespace, dtype, device and memory layout of ``like``.
+
+    The layout matters on torch: a column-major tensor (LAPACK's QR returns one) and its row-major
+    copy go through different BLAS kernels that round differently, so a checkpoint restored in another
+    layout would not resume bit-exactly. Fresh memory also avoids the alignment of a file buffer.
+    """
+    xp = array_namespace(like=like)
+    if is_torch(xp):
+        import torch
+
+        return torch.empty_like(like).copy_(torch.from_numpy(host))
+    return xp.asarray(host, dtype=like.dtype, device=device(like), copy=True)
+
+
 def is_traced(x: Any) -> bool:
     """True for a JAX tracer (inside ``jax.jit``/``vmap``): its values cannot be read on the host."""
     jax = sys.modules.get("jax")
     return jax is not None and isinstance(x, jax.core.Tracer)
-
-
-_JAX_REGISTERED: set[type] = set()
-
-
-def register_jax_pytree(cls: type, flatten: Callable[[Any], tuple], unflatten: Callable[[Any, Any], Any]) -> None:
-    """Register ``cls`` as a JAX pytree node, if JAX is already imported (never imports it).
-
-    Called by the optimizer whenever it builds a state from JAX arrays, so ``jax.jit`` can take the
-    state as an argument; a no-op on other backends and after the first registration.
-    """
-    jax = sys.modules.get("jax")
-    if jax is None or cls in _JAX_REGISTERED:
-        return
-    jax.tree_util.register_pytree_node(cls, flatten, unflatten)
-    _JAX_REGISTERED.add(cls)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ A manifold M acts in Algorithm 1 through
 =========================================  ===============================================
 ``M.random(seed, *, xp, batch_shape, …)``  a point (for Stiefel: Algorithm 3)
 ``M.rgrad(Y, dL)``                         Riemannian gradient from the Euclidean one (eq. 2)
-``M.global_section(Y)``                    λ(Y) with λ(Y)E = Y (Definition 5)
+``M.global_section(Y, strategy=…)``       λ(Y) with λ(Y)E = Y (Definition 5)
 ``M.global_rep(lam, Δ)``                   Δ ∈ T_Y M ↦ λ⁻¹ Ω(Δ) λ ∈ g^hor (eq. 11)
 ``M.retraction(W, method)``                W ∈ g^hor ↦ exp(W)E or Cayley(W)E (Operation 3)
 ``M.apply_section(lam, X)``                λ(Y)·X (eq. 13)
@@ -22,6 +22,7 @@ come from the inputs.
 
 from __future__ import annotations
 
+import abc
 import operator
 from typing import Any
 
@@ -54,11 +55,65 @@ def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-class Manifold:
-    """Base class: argument checking shared by the concrete manifolds."""
+class Manifold(abc.ABC):
+    """The operators Algorithm 1 calls, and the argument checking shared by the concrete manifolds.
+
+    A concrete manifold implements every abstract method below; the optimizer calls nothing else.
+    """
 
     #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
     point_shape: tuple[int, ...] | None = None
+    #: the section strategies :meth:`global_section` supports (see :mod:`geoarray.optim.riemannian`)
+    section_strategies: tuple[str, ...] = ("householder",)
+
+    @abc.abstractmethod
+    def random(
+        self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
+    ) -> Array:
+        """A random point (for Stiefel: Algorithm 3)."""
+
+    @abc.abstractmethod
+    def rgrad(self, Y: Array, dL: Array) -> Array:
+        """The Riemannian gradient at Y of a function with Euclidean gradient dL (operation 1)."""
+
+    @abc.abstractmethod
+    def metric(self, Y: Array, D1: Array, D2: Array) -> Array:
+        """The Riemannian metric g_Y(Δ₁, Δ₂)."""
+
+    @abc.abstractmethod
+    def global_section(self, Y: Array, *, strategy: str | None = None, seed: Any = None) -> Any:
+        """λ(Y) with λ(Y)E = Y (Definition 5) by ``strategy`` (one of :attr:`section_strategies`;
+        None: the manifold's default). ``"random"`` needs ``seed``."""
+
+    @abc.abstractmethod
+    def global_rep(self, lam: Any, D: Array) -> Any:
+        """Δ ∈ T_Y M ↦ λ⁻¹Ω(Δ)λ ∈ g^hor (operation 2, eq. 11)."""
+
+    @abc.abstractmethod
+    def retraction(self, W: Any, method: str | None = None) -> Array:
+        """W ∈ g^hor ↦ exp(W)E or Cay(W)E as a point of the manifold at E (operation 3)."""
+
+    @abc.abstractmethod
+    def apply_section(self, lam: Any, X: Array) -> Array:
+        """λ(Y)·X: moves a point at E to the point at Y (eq. 13)."""
+
+    def transport_section(self, lam: Any, W: Any, method: str | None = None) -> Any:
+        """Λ ← Λ·g(W): the ``"transported"`` strategy's update (only where it is supported)."""
+        raise NotImplementedError(f"{self!r} has no 'transported' section strategy")
+
+    @abc.abstractmethod
+    def is_point(self, Y: Array, atol: float | None = None) -> bool:
+        """Whether Y lies on the manifold within atol."""
+
+    @abc.abstractmethod
+    def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
+        """Whether D is tangent at Y within atol."""
+
+    def _strategy(self, strategy: str | None) -> str:
+        strategy = getattr(self, "section", "householder") if strategy is None else strategy
+        if strategy not in self.section_strategies:
+            raise ValueError(f"strategy must be one of {self.section_strategies} for {self!r}, got {strategy!r}")
+        return strategy
 
     def _namespace(self, **arrays: Array) -> Any:
         """The namespace of the named arrays; each must have a real floating dtype."""

@@ -24,6 +24,7 @@ class Euclidean(Manifold):
 
     point_shape = None
     validate = False
+    section_strategies = ("householder", "transported", "random")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Euclidean)
@@ -62,7 +63,8 @@ class Euclidean(Manifold):
         self._check_tangent_shape(Y, dL, "dL")
         return dL
 
-    def global_section(self, Y: Array, *, seed: Any = None) -> Array:
+    def global_section(self, Y: Array, *, strategy: str | None = None, seed: Any = None) -> Array:
+        """The translation by Y: every section strategy is the same on a vector space."""
         self._namespace(Y=Y)
         return Y
 

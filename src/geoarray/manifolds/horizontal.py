@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from .._backend import array_namespace
 from .._backend import device as _device
 
-__all__ = ["GrassmannHorizontal", "StiefelHorizontal"]
+__all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal"]
 
 Array = Any
 
@@ -41,13 +41,25 @@ def _fields(x: Any, like: Any) -> tuple:
     return (x,) * len(like)
 
 
-class _HorizontalArithmetic:
-    """Fieldwise arithmetic shared by the horizontal-element NamedTuples.
+class HorizontalElement:
+    """Base of the elements of g^hor: NamedTuples of arrays with fieldwise arithmetic and a metric.
 
-    Tuple concatenation/repetition are replaced by elementwise arithmetic on the fields.
+    Subclasses are NamedTuples (pytrees for optree, ``jax.tree_util`` and ``torch.utils._pytree``)
+    whose fields are the independent blocks of the element. Tuple concatenation/repetition are
+    replaced by elementwise arithmetic on the fields, so optimizer caches (eqs. 5–8) are the same
+    code for vector spaces and manifolds. ``metric_weights`` gives, per field, the weight w with
+    ⟨X, Y⟩ = Σ_fields w·Σ x⊙y, the canonical metric ½tr(XᵀY) counted on independent entries.
     """
 
     __slots__ = ()
+    metric_weights: tuple[float, ...] = ()
+
+    def inner(self, other: Any) -> Array:
+        """The canonical metric ½tr(XᵀY) of g^hor, per batch element."""
+        raise NotImplementedError
+
+    def norm(self) -> Array:
+        return array_namespace(*self).sqrt(self.inner(self))
 
     def _map(self, fn, *others):
         cols = [_fields(o, self) for o in others]
@@ -105,7 +117,7 @@ class _GrassmannFields(NamedTuple):
     B: Array
 
 
-class StiefelHorizontal(_HorizontalArithmetic, _StiefelFields):
+class StiefelHorizontal(HorizontalElement, _StiefelFields):
     """[[A, −Bᵀ], [B, 0]] ∈ g^hor of St(N, n): A (..., n, n) skew, B (..., N−n, n)."""
 
     __slots__ = ()
@@ -130,7 +142,7 @@ class StiefelHorizontal(_HorizontalArithmetic, _StiefelFields):
         return array_namespace(self.A).sqrt(self.inner(self))
 
 
-class GrassmannHorizontal(_HorizontalArithmetic, _GrassmannFields):
+class GrassmannHorizontal(HorizontalElement, _GrassmannFields):
     """[[0, −Bᵀ], [B, 0]] ∈ g^hor of Gr(N, n): B (..., N−n, n)."""
 
     __slots__ = ()

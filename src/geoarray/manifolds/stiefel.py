@@ -177,6 +177,8 @@ class OrthonormalFrames(Manifold):
     metric, the gradient and the horizontal space (see :class:`Stiefel` for the parameters).
     """
 
+    section_strategies = _SECTIONS
+
     def __init__(
         self,
         N: int,
@@ -243,15 +245,19 @@ class OrthonormalFrames(Manifold):
 
     # -- sections and the global representation ------------------------------------------------
 
-    def global_section(self, Y: Array, *, seed: Any = None) -> HouseholderSection | DenseSection:
-        """λ(Y) = [Y, Q⊥] by the manifold's section strategy (see :mod:`~geoarray.manifolds.sections`).
+    def global_section(
+        self, Y: Array, *, strategy: str | None = None, seed: Any = None
+    ) -> HouseholderSection | DenseSection:
+        """λ(Y) = [Y, Q⊥] by ``strategy`` (default: the manifold's ``section``; see
+        :mod:`~geoarray.manifolds.sections`).
 
-        ``section="random"`` needs ``seed`` (an int, SeedSequence or Generator): Algorithm 2 draws
+        ``"random"`` needs ``seed`` (an int, SeedSequence or Generator): Algorithm 2 draws
         A ∈ R^{N×(N−n)}, removes its Y-component and orthonormalises it. For ``"transported"``
         this is the initial section; the optimizer carries it on with :meth:`transport_section`.
         """
         xp = self._check_point(Y)
-        if self.section == "random":
+        strategy = self._strategy(strategy)
+        if strategy == "random":
             if seed is None:
                 raise TypeError(f"{self!r} with section='random' needs a seed for global_section (Algorithm 2)")
             A = _random.normal(seed, (*Y.shape[:-2], self.N, self.N - self.n), xp=xp, dtype=Y.dtype, device=_device(Y))
@@ -262,7 +268,7 @@ class OrthonormalFrames(Manifold):
             Qperp, _ = xp.linalg.qr(Qperp)
             return DenseSection(Y, Qperp)
         lam = HouseholderSection.of(Y)
-        if self.section == "transported":
+        if strategy == "transported":
             return DenseSection.from_householder(lam)
         return lam
 

@@ -79,7 +79,7 @@ from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from .base import Manifold, _check_choice, _check_size
-from .horizontal import _HorizontalArithmetic
+from .horizontal import HorizontalElement
 from .stiefel import _phi1
 
 __all__ = ["SymplecticSection", "SymplecticStiefel", "SymplecticStiefelHorizontal"]
@@ -161,7 +161,7 @@ class _SymplecticFields(NamedTuple):
     B: Array
 
 
-class SymplecticStiefelHorizontal(_HorizontalArithmetic, _SymplecticFields):
+class SymplecticStiefelHorizontal(HorizontalElement, _SymplecticFields):
     """[[A, −B⁺], [B, 0]] ∈ g^hor of SpSt(2N, 2n), in the coordinate order (E, F).
 
     Fields (the independent blocks, so elementwise optimizer arithmetic treats every independent
@@ -646,13 +646,14 @@ class SymplecticStiefel(Manifold):
 
     # -- sections and the global representation -------------------------------------------------
 
-    def global_section(self, Y: Array, *, seed: Any = None) -> SymplecticSection:
+    def global_section(self, Y: Array, *, strategy: str | None = None, seed: Any = None) -> SymplecticSection:
         """λ(Y) ∈ Sp(2N) with λ(Y)E = Y: the symplectic Householder completion (module docstring).
 
-        Deterministic (``seed`` is accepted for interface compatibility and ignored); O(N·n²) time,
-        O(N·n) memory.
+        The only strategy is ``"householder"``: deterministic (``seed`` is accepted for interface
+        compatibility and ignored); O(N·n²) time, O(N·n) memory.
         """
         xp = self._check_point(Y)
+        self._strategy(strategy)
         kernel = _backend.compiled(_section, xp, "xp", "resymplectify")
         return SymplecticSection(*kernel(Y, xp=xp, resymplectify=self.resymplectify))
 

@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .._backend import array_namespace, check_real_floating, is_numpy
+from .._backend import array_namespace, as_array, check_real_floating
 from .._backend import device as _device
 from .activations import softmax, softmax_pullback  # re-exported: losses.softmax predates activations.softmax
 
@@ -119,11 +119,6 @@ def _safe_div(a: Array, b: Array, xp: Any) -> Array:
     return xp.where(positive, a / xp.where(positive, b, xp.ones_like(b)), xp.zeros_like(a))
 
 
-def _as_0d(value: Array, xp: Any) -> Array:
-    """A full reduction as a 0-d array (NumPy reductions and 0-d arithmetic return NumPy scalars)."""
-    return xp.asarray(value) if is_numpy(xp) else value
-
-
 def _batch_size(pred: Array) -> int:
     return math.prod(pred.shape[:-1])
 
@@ -145,7 +140,7 @@ class RelativeL2Loss(Loss):
         r = pred - target
         num = xp.sqrt(xp.sum(r * r))
         den = xp.sqrt(xp.sum(target * target))
-        value = _as_0d(num / den, xp)
+        value = as_array(num / den)
 
         def pullback(dvalue: Any = 1.0) -> Array:
             return dvalue * _safe_div(r, num * den, xp)
@@ -160,7 +155,7 @@ class MSELoss(Loss):
         xp = self._same_shape(pred, target)
         r = pred - target
         size = math.prod(pred.shape)
-        value = _as_0d(xp.sum(r * r) / size, xp)
+        value = as_array(xp.sum(r * r) / size)
 
         def pullback(dvalue: Any = 1.0) -> Array:
             return dvalue * (2 / size) * r
@@ -188,7 +183,7 @@ class ClassificationL2Loss(Loss):
         r = pred - t
         norms = xp.sqrt(xp.sum(r * r, axis=-1, keepdims=True))
         B = _batch_size(pred)
-        value = _as_0d(xp.sum(norms) / B, xp)
+        value = as_array(xp.sum(norms) / B)
 
         def pullback(dvalue: Any = 1.0) -> Array:
             return (dvalue / B) * _safe_div(r, norms, xp)
@@ -208,7 +203,7 @@ class SoftmaxCrossEntropy(Loss):
         xp, t = self._class_target(pred, target)
         logp = _log_softmax(pred, xp)
         B = _batch_size(pred)
-        value = _as_0d(-xp.sum(t * logp) / B, xp)
+        value = as_array(-xp.sum(t * logp) / B)
 
         def pullback(dvalue: Any = 1.0) -> Array:
             p = xp.exp(logp)

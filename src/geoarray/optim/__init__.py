@@ -1,28 +1,63 @@
-"""Optimizers over parameter trees: Algorithm 1 of the paper with caches in g^hor.
+"""Optimizers over parameter trees: Algorithm 1 of Brantner's paper as a wrapper around transforms.
 
     opt = geoarray.optim.Adam(lr=1e-3, beta1=0.9, beta2=0.99, delta=3e-7)
     state = opt.init(params, manifolds)          # manifolds: same tree, a Manifold or None per leaf
     params, state = opt.update(params, grads, state)
 
-``Gradient``, ``Momentum``, ``Adam``, ``AdamWithDecay`` and ``BFGS`` share the driver in
-:mod:`geoarray.optim.optimizer`; learning-rate schedules are in :mod:`geoarray.optim.schedules`;
-``save_state``/``load_state`` checkpoint a state bit-exactly.
+Underneath, the cache logic is a chain of vector-space transforms (:mod:`geoarray.optim.transforms`:
+``scale_by_adam``, ``scale_by_momentum``, ``scale_by_learning_rate``, ``add_decayed_weights``,
+``clip_by_global_norm``, ``chain``), and :func:`riemannian` performs Algorithm 1 around them
+(rgrad → lift to g^hor → transform → retraction)::
+
+    opt = geoarray.optim.riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(), scale_by_learning_rate(1e-3)))
+
+``Gradient``, ``Momentum``, ``Adam``, ``AdamWithDecay`` and ``BFGS`` are such chains; learning-rate
+schedules are in :mod:`geoarray.optim.schedules`; ``save_state``/``load_state`` checkpoint a state
+bit-exactly.
 """
 
-from . import schedules
+from . import schedules, transforms
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
-from .optimizer import Optimizer
-from .state import OptState, load_state, save_state
+from .riemannian import RiemannianOptimizer, RiemannianState, riemannian
+from .state import load_state, save_state
+from .transforms import (
+    GradientTransformation,
+    add_decayed_weights,
+    chain,
+    clip_by_global_norm,
+    global_norm,
+    scale_by_adam,
+    scale_by_bfgs,
+    scale_by_learning_rate,
+    scale_by_momentum,
+)
+
+#: the names of the first release, kept as aliases
+Optimizer = RiemannianOptimizer
+OptState = RiemannianState
 
 __all__ = [
     "BFGS",
     "Adam",
     "AdamWithDecay",
     "Gradient",
+    "GradientTransformation",
     "Momentum",
     "OptState",
     "Optimizer",
+    "RiemannianOptimizer",
+    "RiemannianState",
+    "add_decayed_weights",
+    "chain",
+    "clip_by_global_norm",
+    "global_norm",
     "load_state",
+    "riemannian",
     "save_state",
+    "scale_by_adam",
+    "scale_by_bfgs",
+    "scale_by_learning_rate",
+    "scale_by_momentum",
     "schedules",
+    "transforms",
 ]

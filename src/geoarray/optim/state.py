@@ -1,163 +1,147 @@
-"""The optimizer state: a tree of arrays plus a static description of the parameter groups.
+"""Checkpoints of optimizer states: written from the state's leaves, versioned, atomic, never pickled.
 
-``OptState`` holds
+An optimizer state (:class:`~geoarray.optim.riemannian.RiemannianState`) is an ordinary pytree of
+arrays, so a checkpoint is its leaves plus a description of its structure:
 
-* ``step``      the number of steps taken (an integer array on the parameters' device),
-* ``skipped``   how many updates were skipped because a gradient was not finite,
-* ``cache``     one entry per parameter group: the method's cache (for Adam the pair (B₁, B₂) of
-                horizontal elements, eq. 5), a tree of arrays,
-* ``sections``  one entry per group: the transported section Λ (``section="transported"``) or None,
-* ``spec``      static: the manifolds, how parameter leaves are grouped, the parameter tree structure.
-
-``spec`` is auxiliary data of the tree node: ``optree`` (namespace ``"geoarray"``) and
-``jax.tree_util`` (registered as soon as a state is built from JAX arrays) see only the arrays, so a
-state passes through ``jax.jit`` and checkpointing as an ordinary tree.
-
-:func:`save_state` / :func:`load_state` write and read the arrays of a state as an ``.npz`` file;
-the round trip is bit-exact on every backend, and a run resumed from a saved state continues
-exactly as the uninterrupted run.
+* the file is an ``.npz`` archive holding ``leaf_00000, leaf_00001, …`` (host copies, bit-exact) and
+  ``__meta__``, a JSON document with the format name and version, the tree structure of the state
+  (which names the transform states, e.g. ``ScaleByAdamState``, so an Adam checkpoint does not load
+  into an optimizer with a learning-rate schedule), the optimizer's class when given, and every
+  leaf's shape and dtype;
+* :func:`save_state` writes to a temporary file in the same directory and renames it over ``path``,
+  so a crash mid-save never destroys the previous checkpoint;
+* :func:`load_state` never unpickles (``allow_pickle=False``), always closes the file, and raises one
+  ``ValueError`` saying what is wrong: a damaged or truncated file, a file that is not a geoarray
+  checkpoint, a format version it does not know, or a state of another optimizer or parameter tree.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import tempfile
+import zipfile
 from typing import Any
 
 import numpy as np
 import optree
 
 from .. import _backend
-from ..manifolds.base import Manifold
+from .riemannian import RiemannianState
 
-__all__ = ["Group", "OptState", "load_state", "save_state"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "load_state", "save_state", "state_leaves"]
 
-Array = Any
+FORMAT = "geoarray-optimizer-state"
+FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Group:
-    """Parameter leaves updated by one (batched) manifold call.
+def state_leaves(state: Any) -> tuple[list, Any]:
+    """The arrays of a state and the tree structure to rebuild it (``optree.tree_flatten``)."""
+    return optree.tree_flatten(state)
 
-    ``kind`` is ``"single"`` (one leaf as it is), ``"stack"`` (same-shape leaves of one manifold
-    stacked along a new leading axis) or ``"flat"`` (Euclidean leaves raveled and concatenated).
+
+def _dtype_name(x: Any) -> str:
+    return str(x.dtype).rsplit(".", 1)[-1]
+
+
+def _meta(state: Any, leaves: list, treedef: Any, optimizer: Any) -> dict:
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "structure": str(treedef),
+        "optimizer": None if optimizer is None else type(optimizer).__name__,
+        "shapes": [list(x.shape) for x in leaves],
+        "dtypes": [_dtype_name(x) for x in leaves],
+    }
+
+
+def _check_state(state: Any, name: str) -> None:
+    if not isinstance(state, RiemannianState):
+        raise TypeError(f"{name} must be the RiemannianState returned by opt.init, got {type(state).__name__}")
+
+
+def save_state(path: str | os.PathLike, state: RiemannianState, *, optimizer: Any = None) -> None:
+    """Write ``state`` to ``path`` (an ``.npz`` archive), bit-exactly and atomically.
+
+    The arrays are copied to the host (NumPy) to be written. Give ``optimizer`` to record its class,
+    which :func:`load_state` then checks.
     """
-
-    manifold: Manifold
-    indices: tuple[int, ...]
-    kind: str
-
-
-@dataclass(frozen=True)
-class Spec:
-    """Static description of an optimizer state (hashable: it is the tree node's auxiliary data)."""
-
-    treedef: Any
-    groups: tuple[Group, ...]
-    seed: int | None
-
-
-class OptState:
-    """State of a geoarray optimizer (see the module docstring)."""
-
-    __slots__ = ("cache", "sections", "skipped", "spec", "step")
-
-    def __init__(self, step: Array, skipped: Array, cache: tuple, sections: tuple, spec: Spec):
-        self.step = step
-        self.skipped = skipped
-        self.cache = cache
-        self.sections = sections
-        self.spec = spec
-
-    def __repr__(self) -> str:
-        kinds = ", ".join(f"{g.manifold!r}×{len(g.indices)}" for g in self.spec.groups)
-        return f"OptState(step={self.step!r}, groups=[{kinds}])"
-
-    def replace(self, **changes: Any) -> OptState:
-        fields = {k: getattr(self, k) for k in self.__slots__}
-        fields.update(changes)
-        return OptState(**fields)
-
-    def tree_flatten(self) -> tuple[tuple, Spec]:
-        return (self.step, self.skipped, self.cache, self.sections), self.spec
-
-    @classmethod
-    def tree_unflatten(cls, spec: Spec, children: Any) -> OptState:
-        step, skipped, cache, sections = children
-        return cls(step, skipped, cache, sections, spec)
-
-
-def _flatten(state: OptState) -> tuple[tuple, Spec, tuple]:
-    children, spec = state.tree_flatten()
-    return children, spec, ("step", "skipped", "cache", "sections")
-
-
-optree.register_pytree_node(
-    OptState,
-    _flatten,
-    lambda spec, children: OptState.tree_unflatten(spec, children),
-    namespace="geoarray",
-)
-
-
-def register_with_jax() -> None:
-    _backend.register_jax_pytree(OptState, OptState.tree_flatten, OptState.tree_unflatten)
-
-
-def state_leaves(state: OptState) -> tuple[list, Any]:
-    """The arrays of a state and the tree structure to rebuild it."""
-    return optree.tree_flatten(state, namespace="geoarray")
-
-
-# ---------------------------------------------------------------------------------------------
-# save / load
-# ---------------------------------------------------------------------------------------------
-
-
-def _fingerprint(state: OptState) -> str:
-    groups = [[repr(g.manifold), list(g.indices), g.kind] for g in state.spec.groups]
-    return json.dumps({"groups": groups, "seed": state.spec.seed})
-
-
-def save_state(path: str | os.PathLike, state: OptState) -> None:
-    """Write the arrays of ``state`` to ``path`` (an ``.npz`` file), bit-exactly.
-
-    The arrays are copied to the host (NumPy) to be written; the group description is stored
-    alongside so :func:`load_state` can refuse a state of a different optimizer layout.
-    """
-    if not isinstance(state, OptState):
-        raise TypeError(f"state must be an OptState, got {type(state).__name__}")
-    leaves, _ = state_leaves(state)
+    _check_state(state, "state")
+    leaves, treedef = state_leaves(state)
     arrays = {f"leaf_{i:05d}": _backend.to_host(leaf) for i, leaf in enumerate(leaves)}
-    arrays["__layout__"] = np.array(_fingerprint(state))
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+    arrays["__meta__"] = np.array(json.dumps(_meta(state, leaves, treedef, optimizer)))
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
-def load_state(path: str | os.PathLike, like: OptState) -> OptState:
+def _read(path: str) -> tuple[dict, list]:
+    """The metadata and host arrays of a checkpoint; ValueError for anything unreadable."""
+    try:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
+            if "__meta__" not in data.files:
+                raise ValueError(f"{path!r} is not a geoarray optimizer checkpoint (no __meta__ record)")
+            meta = json.loads(str(data["__meta__"]))
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise ValueError(f"{path!r} is not a geoarray optimizer checkpoint (format {meta!r:.80})")
+            if meta.get("version") != FORMAT_VERSION:
+                raise ValueError(
+                    f"{path!r} is a geoarray checkpoint of format version {meta.get('version')!r}; this geoarray reads "
+                    f"version {FORMAT_VERSION}"
+                )
+            n = len(meta.get("shapes", []))
+            host = [data[f"leaf_{i:05d}"] for i in range(n)]
+    except ValueError as exc:
+        if str(exc).startswith(repr(path)):
+            raise
+        raise ValueError(f"{path!r} is damaged or not a geoarray optimizer checkpoint ({exc})") from None
+    except (zipfile.BadZipFile, EOFError, KeyError, OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"{path!r} is damaged or truncated, or not a geoarray optimizer checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
+    return meta, host
+
+
+def load_state(path: str | os.PathLike, like: RiemannianState, *, optimizer: Any = None) -> RiemannianState:
     """Read a state written by :func:`save_state`, on the namespace, dtypes and devices of ``like``.
 
     ``like`` is a state of the same optimizer for the same parameters (e.g. from ``opt.init``); its
-    leaves give the expected shapes, dtypes and devices. A layout or shape mismatch raises
-    ``ValueError`` and nothing is returned half-loaded.
+    leaves give the expected structure, shapes, dtypes and devices. Any mismatch raises
+    ``ValueError`` naming it, and nothing is returned half-loaded.
     """
-    if not isinstance(like, OptState):
-        raise TypeError(f"like must be an OptState, got {type(like).__name__}")
+    _check_state(like, "like")
+    path = os.fspath(path)
+    meta, host = _read(path)
     leaves, treedef = state_leaves(like)
-    with np.load(path, allow_pickle=False) as data:
-        layout = str(data["__layout__"]) if "__layout__" in data else None
-        if layout != _fingerprint(like):
-            raise ValueError(f"{os.fspath(path)!r} holds the state of a different optimizer layout: {layout}")
-        host = [data[f"leaf_{i:05d}"] for i in range(len(leaves))] if len(data.files) == len(leaves) + 1 else None
-    if host is None:
-        raise ValueError(f"{os.fspath(path)!r} has a different number of arrays than like ({len(leaves)})")
+    if optimizer is not None and meta.get("optimizer") not in (None, type(optimizer).__name__):
+        raise ValueError(
+            f"{path!r} holds the state of a {meta['optimizer']} optimizer, not of {type(optimizer).__name__}"
+        )
+    if meta.get("structure") != str(treedef):
+        raise ValueError(
+            f"{path!r} holds the state of another optimizer or parameter tree:\n  file: {meta.get('structure')}\n"
+            f"  like: {treedef}"
+        )
+    if len(host) != len(leaves):
+        raise ValueError(f"{path!r} has {len(host)} arrays, like has {len(leaves)}")
     out = []
     for i, (h, ref) in enumerate(zip(host, leaves, strict=True)):
         if tuple(h.shape) != tuple(ref.shape):
-            raise ValueError(f"array {i} of {os.fspath(path)!r} has shape {h.shape}, like has {tuple(ref.shape)}")
-        if h.dtype.name != str(ref.dtype).rsplit(".", 1)[-1]:
-            raise ValueError(f"array {i} of {os.fspath(path)!r} has dtype {h.dtype.name}, like has {ref.dtype}")
-        xp = _backend.array_namespace(ref)
-        out.append(xp.asarray(h, dtype=ref.dtype, device=_backend.device(ref)))
+            raise ValueError(f"array {i} of {path!r} has shape {h.shape}, like has {tuple(ref.shape)}")
+        if h.dtype.name != _dtype_name(ref):
+            raise ValueError(f"array {i} of {path!r} has dtype {h.dtype.name}, like has {ref.dtype}")
+    for h, ref in zip(host, leaves, strict=True):
+        out.append(_backend.from_host_like(h, ref))  # like's memory layout: bit-exact resume on torch
     return optree.tree_unflatten(treedef, out)

@@ -1,0 +1,470 @@
+"""Vector-space gradient transforms: pure ``(init, update)`` pairs over trees, as in optax.
+
+The paper's observation (Brantner, *Generalizing Adam to Manifolds for Efficiently Training
+Transformers*, Algorithm 1 and fig. 1) is that the cache logic of an optimizer — ``update`` and
+``velocity`` — is the same for vector spaces and homogeneous spaces once gradients are lifted to the
+global tangent space representation g^hor. This module holds that cache logic and nothing else::
+
+    transform = chain(clip_by_global_norm(1.0), scale_by_adam(), scale_by_learning_rate(1e-3))
+    state = transform.init(updates_like)                 # a NamedTuple of arrays
+    updates, state = transform.update(grads, state, params)
+
+``grads``/``updates`` are trees whose leaves are arrays or horizontal elements of g^hor
+(:class:`~geoarray.manifolds.HorizontalElement`, NamedTuples of arrays and therefore pytrees
+themselves). The returned updates are *added* to the parameters (optax's sign convention: the
+learning-rate scale multiplies by −η); :func:`geoarray.optim.riemannian` adds them on manifolds
+through the retraction. Every transform is written once against the array API, keeps its
+configuration out of the state (states hold arrays only) and reads no array value on the host, so
+``jax.jit`` and ``torch.compile`` trace it. Any optax transform obeys the same protocol and can be
+used instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import optree
+
+from .. import _backend
+from .._backend import array_namespace
+from ..manifolds.horizontal import HorizontalElement
+from .schedules import as_schedule
+
+__all__ = [
+    "AddDecayedWeightsState",
+    "ClipByGlobalNormState",
+    "EmptyState",
+    "GradientTransformation",
+    "ScaleByAdamState",
+    "ScaleByBFGSState",
+    "ScaleByMomentumState",
+    "ScaleByScheduleState",
+    "add_decayed_weights",
+    "chain",
+    "clip_by_global_norm",
+    "global_norm",
+    "scale_by_adam",
+    "scale_by_bfgs",
+    "scale_by_learning_rate",
+    "scale_by_momentum",
+]
+
+Array = Any
+
+
+class GradientTransformation(NamedTuple):
+    """A pair of pure functions (optax's protocol).
+
+    ``init(params) -> state`` and ``update(updates, state, params=None) -> (updates, state)``.
+    ``uses_params`` says whether ``update`` reads ``params`` (the Riemannian wrapper lifts the
+    parameters only for transforms that do; foreign transforms are assumed to).
+    """
+
+    init: Callable[[Any], Any]
+    update: Callable[..., tuple[Any, Any]]
+    uses_params: bool = False
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless transform."""
+
+
+class ScaleByAdamState(NamedTuple):
+    count: Array  # steps taken (integer)
+    mu: Any  # B₁: bias-corrected first moment (eq. 5)
+    nu: Any  # B₂: bias-corrected second moment (eq. 5)
+
+
+class ScaleByMomentumState(NamedTuple):
+    trace: Any  # the momentum cache of eq. 8
+
+
+class ScaleByScheduleState(NamedTuple):
+    count: Array
+
+
+class AddDecayedWeightsState(NamedTuple):
+    pass
+
+
+class ClipByGlobalNormState(NamedTuple):
+    pass
+
+
+class ScaleByBFGSState(NamedTuple):
+    count: Array
+    prev_grad: Any  # B at the previous step
+    prev_step: Any  # the previous step W (which led to the current point)
+    hessian_inv: Any  # H per unit, in coordinates where the metric of g^hor is Euclidean
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_unit(x: Any) -> bool:
+    return isinstance(x, HorizontalElement)
+
+
+def _units(tree: Any) -> tuple[list, Any]:
+    """Leaves of a tree with horizontal elements kept whole: the units that carry one metric."""
+    return optree.tree_flatten(tree, is_leaf=_is_unit)
+
+
+def _first_leaf(tree: Any, name: str) -> Array:
+    leaves = optree.tree_leaves(tree)
+    if not leaves:
+        raise ValueError(f"{name} has no array leaves")
+    return leaves[0]
+
+
+def _zero_count(tree: Any) -> Array:
+    """A 0-d integer step counter on the device of the tree's arrays (int32 under JAX's default)."""
+    leaf = _first_leaf(tree, "params")
+    xp = array_namespace(leaf)
+    return xp.zeros((), dtype=_backend.index_dtype(xp), device=_backend.device(leaf))
+
+
+def _as_float(count: Array, like: Array) -> Array:
+    xp = array_namespace(like)
+    # xp.asarray: NumPy turns 0-d arithmetic results into scalars, which are not arrays
+    return xp.astype(xp.asarray(count), like.dtype)
+
+
+def _check_unit_interval(value: Any, name: str, *, closed: bool = False) -> float:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (0 <= value <= 1 if closed else 0 <= value < 1)
+    )
+    if not ok:
+        raise ValueError(f"{name} must be a number in [0, 1{']' if closed else ')'}, got {value!r}")
+    return float(value)
+
+
+def _check_nonnegative(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+    return float(value)
+
+
+def _check_positive(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _zeros_like(tree: Any) -> Any:
+    return optree.tree_map(lambda a: array_namespace(a).zeros_like(a), tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# chain
+# ---------------------------------------------------------------------------------------------
+
+
+def chain(*transforms: Any) -> GradientTransformation:
+    """Apply ``transforms`` one after the other; the state is the tuple of their states.
+
+    Accepts geoarray and optax transforms alike (anything with ``init`` and ``update``).
+    """
+    if not transforms:
+        raise ValueError("chain needs at least one transform")
+    for i, t in enumerate(transforms):
+        if not (callable(getattr(t, "init", None)) and callable(getattr(t, "update", None))):
+            raise TypeError(f"chain argument {i} must be a gradient transformation (init, update), got {t!r}")
+    uses_params = any(getattr(t, "uses_params", True) for t in transforms)
+
+    def init(params: Any) -> tuple:
+        return tuple(t.init(params) for t in transforms)
+
+    def update(updates: Any, state: tuple, params: Any = None) -> tuple[Any, tuple]:
+        if not isinstance(state, tuple) or len(state) != len(transforms):
+            raise ValueError(f"state must be a tuple of {len(transforms)} transform states, got {type(state).__name__}")
+        new_state = []
+        for t, s in zip(transforms, state, strict=True):
+            updates, s = t.update(updates, s, params)
+            new_state.append(s)
+        return updates, tuple(new_state)
+
+    return GradientTransformation(init, update, uses_params)
+
+
+# ---------------------------------------------------------------------------------------------
+# the caches of the paper (eqs. 5–8)
+# ---------------------------------------------------------------------------------------------
+
+
+def scale_by_adam(
+    beta1: float = 0.9, beta2: float = 0.99, delta: float = 3e-7, eps: float = 0.0
+) -> GradientTransformation:
+    """Adam's direction with the bias correction folded into the cache (eqs. 5–6 of Brantner's paper)::
+
+        B₁ ← (β₁ − β₁ᵗ)/(1 − β₁ᵗ) · B₁ + (1 − β₁)/(1 − β₁ᵗ) · B
+        B₂ ← (β₂ − β₂ᵗ)/(1 − β₂ᵗ) · B₂ + (1 − β₂)/(1 − β₂ᵗ) · B ⊙ B          (eq. 5)
+        update = B₁ / (√(B₂ + δ) + ε)                                       (eq. 6, without −η)
+
+    B₁ and B₂ are the bias-corrected moments m̂ₜ, v̂ₜ of Kingma & Ba. Two regularisers, under the
+    names the ecosystem uses:
+
+    * ``delta`` sits *inside* the root, as eq. 6 prints it (optax calls it ``eps_root``);
+    * ``eps`` sits *outside* the root, as in ``torch.optim.Adam``, optax's ``eps`` and the reference
+      implementation GeometricMachineLearning.jl, whose runs produced the paper's figures.
+
+    With the paper's δ = 3·10⁻⁷ inside the root the effective ε is √δ ≈ 5.5·10⁻⁴.
+    Elementwise arithmetic on a horizontal element treats a_ij and a_ji alike, so the direction of a
+    skew A-block stays skew.
+    """
+    b1 = _check_unit_interval(beta1, "beta1")
+    b2 = _check_unit_interval(beta2, "beta2")
+    delta = _check_nonnegative(delta, "delta")
+    eps = _check_nonnegative(eps, "eps")
+    if delta == 0 and eps == 0:
+        raise ValueError("scale_by_adam needs delta > 0 (inside the root) or eps > 0 (outside): both are 0")
+
+    def init(params: Any) -> ScaleByAdamState:
+        zeros = _zeros_like(params)
+        return ScaleByAdamState(_zero_count(params), zeros, zeros)
+
+    def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
+        count = state.count + 1
+
+        def moments(m: Array, v: Array, g: Array) -> tuple[Array, Array]:
+            t = _as_float(count, g)
+            p1, p2 = b1**t, b2**t
+            m = (b1 - p1) / (1 - p1) * m + (1 - b1) / (1 - p1) * g
+            v = (b2 - p2) / (1 - p2) * v + (1 - b2) / (1 - p2) * (g * g)
+            return m, v
+
+        both = optree.tree_map(moments, state.mu, state.nu, updates)
+        treedef = optree.tree_structure(updates)
+        pairs = treedef.flatten_up_to(both)
+        mu = treedef.unflatten([p[0] for p in pairs])
+        nu = treedef.unflatten([p[1] for p in pairs])
+
+        def direction(m: Array, v: Array) -> Array:
+            root = array_namespace(v).sqrt(v + delta) if delta else array_namespace(v).sqrt(v)
+            return m / (root + eps) if eps else m / root
+
+        return optree.tree_map(direction, mu, nu), ScaleByAdamState(_backend.as_array(count), mu, nu)
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
+    """The momentum cache of eq. 8: B_cache ← α·B_cache + B; the update is B_cache.
+
+    The first step equals a gradient step (the cache starts at zero).
+    """
+    alpha = _check_unit_interval(alpha, "alpha", closed=True)
+
+    def init(params: Any) -> ScaleByMomentumState:
+        return ScaleByMomentumState(_zeros_like(params))
+
+    def update(updates: Any, state: ScaleByMomentumState, params: Any = None) -> tuple[Any, ScaleByMomentumState]:
+        trace = optree.tree_map(lambda c, g: alpha * c + g, state.trace, updates)
+        return trace, ScaleByMomentumState(trace)
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransformation:
+    """updates ← −η(t)·updates: the velocity W = −η·direction of Algorithm 1.
+
+    ``lr`` is a positive number or a schedule, a function of the step t = 1, 2, … (a floating 0-d
+    array of each leaf's dtype; see :mod:`geoarray.optim.schedules`).
+    """
+    if callable(lr):
+        schedule = lr
+
+        def init(params: Any) -> ScaleByScheduleState:
+            return ScaleByScheduleState(_zero_count(params))
+
+        def update(updates: Any, state: ScaleByScheduleState, params: Any = None) -> tuple[Any, Any]:
+            count = state.count + 1
+            out = optree.tree_map(lambda u: -schedule(_as_float(count, u)) * u, updates)
+            return out, ScaleByScheduleState(_backend.as_array(count))
+
+        return GradientTransformation(init, update)
+
+    rate = float(as_schedule(lr)(1))
+
+    def init_const(params: Any) -> EmptyState:
+        return EmptyState()
+
+    def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
+        return optree.tree_map(lambda u: -rate * u, updates), state
+
+    return GradientTransformation(init_const, update_const)
+
+
+def add_decayed_weights(weight_decay: float) -> GradientTransformation:
+    """updates ← updates + λ·params: the gradient of (λ/2)‖params‖² added to the direction.
+
+    Chained before the learning-rate scale this is L2 regularisation folded into the direction
+    (after ``scale_by_adam``: decoupled weight decay as in AdamW). Inside
+    :func:`~geoarray.optim.riemannian` a manifold leaf's ``params`` is the lift of the Riemannian
+    gradient of ½‖Y‖²_F, so the decay is a tangent direction and the retraction keeps the weight on
+    its manifold (on Stiefel and Grassmann ‖Y‖_F is constant and the decay vanishes).
+    """
+    wd = _check_nonnegative(weight_decay, "weight_decay")
+
+    def init(params: Any) -> AddDecayedWeightsState:
+        return AddDecayedWeightsState()
+
+    def update(updates: Any, state: AddDecayedWeightsState, params: Any = None) -> tuple[Any, Any]:
+        if params is None:
+            raise ValueError("add_decayed_weights needs params: call update(updates, state, params)")
+        return optree.tree_map(lambda u, p: u + wd * p, updates, params), state
+
+    return GradientTransformation(init, update, uses_params=True)
+
+
+def global_norm(tree: Any) -> Array:
+    """‖tree‖ = √(Σ ⟨u, u⟩) over its units: the canonical metric of g^hor on horizontal elements
+    (½tr(XᵀX), every independent entry once), the Euclidean one on arrays."""
+    units, _ = _units(tree)
+    if not units:
+        raise ValueError("global_norm of a tree without arrays")
+    total = None
+    for u in units:
+        if isinstance(u, HorizontalElement):
+            sq = array_namespace(*u).sum(u.inner(u))
+        else:
+            sq = array_namespace(u).sum(u * u)
+        total = _backend.as_array(sq if total is None else total + sq)
+    return _backend.as_array(array_namespace(total).sqrt(total))
+
+
+def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+    """updates ← updates · min(1, max_norm / ‖updates‖) with :func:`global_norm`.
+
+    On manifold leaves the norm is the metric of g^hor, so clipping a lifted gradient clips its
+    Riemannian norm and the clipped update stays horizontal (the retraction keeps the weight on its
+    manifold).
+    """
+    max_norm = _check_positive(max_norm, "max_norm")
+
+    def init(params: Any) -> ClipByGlobalNormState:
+        return ClipByGlobalNormState()
+
+    def update(updates: Any, state: ClipByGlobalNormState, params: Any = None) -> tuple[Any, Any]:
+        norm = global_norm(updates)
+        xp = array_namespace(norm)
+        # where() keeps the division away from a zero norm without a host branch
+        safe = xp.where(norm > max_norm, norm, xp.ones_like(norm) * max_norm)
+        factor = max_norm / safe
+        return optree.tree_map(lambda u: u * xp.astype(factor, u.dtype), updates), state
+
+    return GradientTransformation(init, update)
+
+
+# ---------------------------------------------------------------------------------------------
+# BFGS
+# ---------------------------------------------------------------------------------------------
+
+
+def _metric_weights(u: Any) -> tuple[float, ...]:
+    return tuple(u.metric_weights) if isinstance(u, HorizontalElement) else (1.0,)
+
+
+def _batch_ndim(u: Any) -> int:
+    """Leading dims that index separate weights (a stacked manifold group); none for arrays."""
+    return len(u.batch_shape) if isinstance(u, HorizontalElement) else 0
+
+
+def _to_vector(u: Any, xp: Any) -> Array:
+    """Coordinates x̃ (..., d) in which the metric of g^hor is the Euclidean dot product."""
+    k = _batch_ndim(u)
+    fields = tuple(u) if isinstance(u, HorizontalElement) else (u,)
+    parts = [
+        math.sqrt(w) * xp.reshape(f, (*tuple(f.shape[:k]), -1)) for f, w in zip(fields, _metric_weights(u), strict=True)
+    ]
+    return xp.concat(parts, axis=-1)
+
+
+def _from_vector(x: Array, like: Any, xp: Any) -> Any:
+    k = _batch_ndim(like)
+    fields = tuple(like) if isinstance(like, HorizontalElement) else (like,)
+    out, offset = [], 0
+    for f, w in zip(fields, _metric_weights(like), strict=True):
+        size = math.prod(f.shape[k:])
+        out.append(xp.reshape(x[..., offset : offset + size], tuple(f.shape)) / math.sqrt(w))
+        offset += size
+    return type(like)(*out) if isinstance(like, HorizontalElement) else out[0]
+
+
+def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-10) -> GradientTransformation:
+    """BFGS in the coordinates of g^hor: the step W = −η·H·B (the learning rate is part of it).
+
+    The state holds the previous lifted gradient B_prev, the previous step s = W_prev (the step that
+    led to the current point, so (s, y) with y = B − B_prev are correctly paired) and the inverse
+    Hessian approximation H per unit, in coordinates where the canonical metric of g^hor is
+    Euclidean. At step t ≥ 2,
+
+        ρ = 1/⟨s, y⟩,   H ← (I − ρ s yᵀ) H (I − ρ y sᵀ) + ρ s sᵀ
+
+    when the curvature condition ⟨s, y⟩ > ``curvature_eps``·‖s‖‖y‖ holds (otherwise H is kept);
+    before the first update H is scaled to ⟨s, y⟩/⟨y, y⟩·I (Nocedal & Wright, eq. 6.20). The first
+    step is a gradient step. η belongs inside the transform because s must be the step actually
+    taken: the update of H is not invariant under rescaling s.
+    """
+    schedule = as_schedule(lr)
+    curvature_eps = _check_positive(curvature_eps, "curvature_eps")
+
+    def init(params: Any) -> ScaleByBFGSState:
+        units, treedef = _units(params)
+        hs = []
+        for u in units:
+            xp = array_namespace(*optree.tree_leaves(u))
+            x = _to_vector(u, xp)
+            d = x.shape[-1]
+            eye = xp.eye(d, dtype=x.dtype, device=_backend.device(x))
+            hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype))
+        zeros = _zeros_like(params)
+        return ScaleByBFGSState(_zero_count(params), zeros, zeros, treedef.unflatten(hs))
+
+    def one(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
+        xp = array_namespace(*optree.tree_leaves(B))
+        g = _to_vector(B, xp)
+        t = _as_float(count, g)
+        s = _to_vector(S_prev, xp)
+        y = g - _to_vector(B_prev, xp)
+        sy = xp.sum(s * y, axis=-1)
+        yy = xp.sum(y * y, axis=-1)
+        ss = xp.sum(s * s, axis=-1)
+        do_update = xp.logical_and(t > 1, sy > curvature_eps * xp.sqrt(ss * yy))
+        safe_sy = xp.where(do_update, sy, xp.ones_like(sy))
+        rho = (1 / safe_sy)[..., None, None]
+        first = xp.logical_and(do_update, t < 2.5)  # the first update scales H₀ = (sᵀy / yᵀy) I
+        scale = xp.where(first, safe_sy / xp.where(first, yy, xp.ones_like(yy)), xp.ones_like(sy))
+        H0 = H * scale[..., None, None]
+        Hy = (H0 @ y[..., None])[..., 0]
+        yHy = xp.sum(y * Hy, axis=-1)[..., None, None]
+        s_col, Hy_col = s[..., :, None], Hy[..., :, None]
+        mT = xp.matrix_transpose
+        # (I − ρsyᵀ)H(I − ρysᵀ) + ρssᵀ, expanded: H − ρ(s(Hy)ᵀ + (Hy)sᵀ) + (ρ²yᵀHy + ρ)ssᵀ
+        H_new = H0 - rho * (s_col @ mT(Hy_col) + Hy_col @ mT(s_col)) + (rho * rho * yHy + rho) * (s_col @ mT(s_col))
+        H = xp.where(do_update[..., None, None], H_new, H)
+        direction = -schedule(t) * (H @ g[..., None])[..., 0]
+        return _from_vector(direction, B, xp), H
+
+    def update(updates: Any, state: ScaleByBFGSState, params: Any = None) -> tuple[Any, ScaleByBFGSState]:
+        count = state.count + 1
+        units, treedef = _units(updates)
+        prev_g = treedef.flatten_up_to(state.prev_grad)
+        prev_s = treedef.flatten_up_to(state.prev_step)
+        hs = treedef.flatten_up_to(state.hessian_inv)
+        steps, new_h = [], []
+        for u, bp, sp, h in zip(units, prev_g, prev_s, hs, strict=True):
+            w, h = one(u, bp, sp, h, count)
+            steps.append(w)
+            new_h.append(h)
+        W = treedef.unflatten(steps)
+        return W, ScaleByBFGSState(_backend.as_array(count), updates, W, treedef.unflatten(new_h))
+
+    return GradientTransformation(init, update)
