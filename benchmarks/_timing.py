@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from geoarray._backend import as_namespace, backend_name
+from geoarray import as_namespace, backend_name
 
 
 def load_namespace(name: str) -> Any:

@@ -27,8 +27,7 @@ import torch
 from _timing import best_time
 
 import geoarray
-from geoarray import optim
-from geoarray._backend import as_namespace
+from geoarray import as_namespace, optim
 from geoarray.manifolds import Stiefel
 
 

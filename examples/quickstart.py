@@ -17,8 +17,7 @@ import time
 import numpy as np
 
 import geoarray
-from geoarray import optim
-from geoarray._backend import as_namespace
+from geoarray import as_namespace, optim
 
 
 def _backends():
@@ -47,7 +46,7 @@ def run(xp, N: int, n: int, steps: int, jit: bool):
     value = float(xp.sum(Y * (S @ Y)))
     seconds = time.perf_counter() - start
     orth = float(xp.max(xp.abs(xp.matrix_transpose(Y) @ Y - geoarray.linalg.eye(n, Y))))
-    optimum = float(np.sort(np.linalg.eigvalsh(geoarray._backend.to_host(S)))[-n:].sum())
+    optimum = float(np.sort(np.linalg.eigvalsh(geoarray.to_host(S)))[-n:].sum())
     return value, optimum, orth, seconds
 
 

@@ -22,12 +22,12 @@ import pytest
 
 import geoarray
 from _helpers import asarray, assert_close, max_abs, to_numpy
-from geoarray.manifolds.base import Manifold
-from geoarray.manifolds.symplectic_stiefel import (
+from geoarray.manifolds import (
     SymplecticSection,
     SymplecticStiefel,
     SymplecticStiefelHorizontal,
 )
+from geoarray.manifolds.base import Manifold
 
 # (N2, n2): N ≥ 2n (core 4n < 2N), N < 2n < 2N, n2 = N2 (the symplectic group), the smallest case
 SIZES = [(12, 4), (6, 4), (4, 4), (2, 2)]

@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 from . import linalg, manifolds, optim, random
-from ._backend import array_namespace, default_float, resolve_dtype
+from ._backend import array_namespace, as_namespace, backend_name, default_float, resolve_dtype, to_host
 from .manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 
 __version__ = "0.1.0.dev0"
@@ -48,10 +48,13 @@ __all__ = [
     "SymplecticStiefel",
     "__version__",
     "array_namespace",
+    "as_namespace",
+    "backend_name",
     "default_float",
     "linalg",
     "manifolds",
     "optim",
     "random",
     "resolve_dtype",
+    "to_host",
 ]

@@ -327,6 +327,8 @@ def apply_q(V: Array, T: Array, X: Array) -> Array:
     """Q X = X − V (T (Vᵀ X)) for Q = I − V T Vᵀ, in O(N·n·k); X is (..., N, k)."""
     xp = array_namespace(V=V, T=T, X=X)
     _check_wy(V, T, X, xp)
+    if V.shape[-1] == 0:  # no reflectors: Q = I
+        return X
     return X - V @ (T @ (_mT(V, xp) @ X))
 
 
@@ -334,4 +336,6 @@ def apply_qt(V: Array, T: Array, X: Array) -> Array:
     """Qᵀ X = X − V (Tᵀ (Vᵀ X)) for Q = I − V T Vᵀ, in O(N·n·k); X is (..., N, k)."""
     xp = array_namespace(V=V, T=T, X=X)
     _check_wy(V, T, X, xp)
+    if V.shape[-1] == 0:  # no reflectors: Q = I
+        return X
     return X - V @ (_mT(T, xp) @ (_mT(V, xp) @ X))

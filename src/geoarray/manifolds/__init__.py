@@ -8,16 +8,17 @@
 from .base import Manifold
 from .euclidean import Euclidean
 from .grassmann import Grassmann
-from .horizontal import GrassmannHorizontal, StiefelHorizontal
-from .sections import DenseSection, HouseholderSection
+from .horizontal import GrassmannHorizontal, HorizontalElement, StiefelHorizontal, SymplecticStiefelHorizontal
+from .sections import DenseSection, HouseholderSection, SymplecticSection
 from .stiefel import Stiefel
-from .symplectic_stiefel import SymplecticSection, SymplecticStiefel, SymplecticStiefelHorizontal
+from .symplectic_stiefel import SymplecticStiefel
 
 __all__ = [
     "DenseSection",
     "Euclidean",
     "Grassmann",
     "GrassmannHorizontal",
+    "HorizontalElement",
     "HouseholderSection",
     "Manifold",
     "Stiefel",

@@ -4,7 +4,9 @@ For the Stiefel manifold St(N, n) = O(N)/O(N − n) with distinguished point E =
 
     g^hor = { [[A, −Bᵀ], [B, 0]] : A ∈ R^{n×n} skew-symmetric, B ∈ R^{(N−n)×n} }     (eq. 12)
 
-and for the Grassmann manifold the same with A = 0. These elements are what the optimizer caches
+and for the Grassmann manifold the same with A = 0; for the symplectic Stiefel manifold
+SpSt(2N, 2n) = Sp(2N)/Sp(2(N − n)) it is {[[A, −B⁺], [B, 0]] : A ∈ sp(2n), B ∈ R^{2(N−n)×2n}}
+(see :mod:`geoarray.manifolds.symplectic_stiefel`). These elements are what the optimizer caches
 hold (Algorithm 1), so they support the arithmetic of eqs. 5–8: ``+``, ``-``, scalar and
 elementwise ``*``, ``/``, ``sqrt``, ``zeros_like``.
 
@@ -26,8 +28,9 @@ from typing import Any, NamedTuple
 
 from .._backend import array_namespace
 from .._backend import device as _device
+from ._symplectic import _broadcast_shapes, _sp_inv, _stack_rows
 
-__all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal"]
+__all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal", "SymplecticStiefelHorizontal"]
 
 Array = Any
 
@@ -161,3 +164,70 @@ class GrassmannHorizontal(HorizontalElement, _GrassmannFields):
 
     def norm(self) -> Array:
         return array_namespace(self.B).sqrt(self.inner(self))
+
+
+class _SymplecticFields(NamedTuple):
+    A11: Array
+    A12: Array
+    A21: Array
+    B: Array
+
+
+class SymplecticStiefelHorizontal(HorizontalElement, _SymplecticFields):
+    """[[A, −B⁺], [B, 0]] ∈ g^hor of SpSt(2N, 2n), in the coordinate order (E, F).
+
+    Fields (the independent blocks, so elementwise optimizer arithmetic treats every independent
+    entry once and keeps the structure):
+
+    * ``A11`` (..., n, n), ``A12`` (..., n, n) symmetric, ``A21`` (..., n, n) symmetric:
+      A = [[A11, A12], [A21, −A11ᵀ]] ∈ sp(2n). Elementwise operations map symmetric matrices to
+      symmetric matrices, so every cache and velocity stays in g^hor.
+    * ``B`` (..., 2(N−n), 2n): rows q_{n+1}…q_N then p_{n+1}…p_N; B⁺ = 𝕁_{2n}ᵀBᵀ𝕁_{2(N−n)}.
+    """
+
+    __slots__ = ()
+    #: Σ A11¹A11² + ½Σ A12¹A12² + ½Σ A21¹A21² + Σ B¹B² (see :meth:`inner`)
+    metric_weights = (1.0, 0.5, 0.5, 1.0)
+
+    def hamiltonian(self) -> Array:
+        """A = [[A11, A12], [A21, −A11ᵀ]] as a (..., 2n, 2n) array."""
+        xp = array_namespace(A11=self.A11, A12=self.A12, A21=self.A21)
+        top = xp.concat([self.A11, self.A12], axis=-1)
+        bottom = xp.concat([self.A21, -xp.matrix_transpose(self.A11)], axis=-1)
+        return xp.concat([top, bottom], axis=-2)
+
+    def to_dense(self) -> Array:
+        """The (..., 2N, 2N) matrix of sp(2N) in the original (q, p) coordinates (tests and docs)."""
+        xp = array_namespace(A11=self.A11, B=self.B)
+        A = self.hamiltonian()
+        batch = _broadcast_shapes(tuple(A.shape[:-2]), tuple(self.B.shape[:-2]))
+        A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
+        B = xp.broadcast_to(self.B, (*batch, *self.B.shape[-2:]))
+        m2 = B.shape[-2]
+        Bplus = _sp_inv(B, xp) if m2 else xp.zeros((*A.shape[:-2], A.shape[-1], 0), dtype=A.dtype, device=_device(A))
+        zeros = xp.zeros((*A.shape[:-2], m2, m2), dtype=A.dtype, device=_device(A))
+        # columns in (E, F) order, rows put back in (q, p) order; then the same for the columns
+        cols_e = _stack_rows([A, B], xp)  # (..., 2N, 2n)
+        cols_f = _stack_rows([-Bplus, zeros], xp)  # (..., 2N, 2m)
+        W_t = xp.matrix_transpose(xp.concat([cols_e, cols_f], axis=-1))  # rows in (E, F) order
+        n2 = A.shape[-1]
+        return xp.matrix_transpose(_stack_rows([W_t[..., :n2, :], W_t[..., n2:, :]], xp))
+
+    def inner(self, other: SymplecticStiefelHorizontal) -> Array:
+        """½tr(W₁ᵀW₂) = ½tr(A₁ᵀA₂) + tr(B₁ᵀB₂), per batch element.
+
+        In the stored blocks: Σ A11¹A11² + ½Σ A12¹A12² + ½Σ A21¹A21² + Σ B¹B², i.e. weight 1 on every
+        entry of A11, B and on each off-diagonal pair of A12, A21, and ½ on their diagonals. It
+        equals the metric g_Y of the represented tangent vectors when λ(Y) is orthogonal (YᵀY = I).
+        """
+        xp = array_namespace(self.A11, other.A11)
+
+        def dot(a, b):
+            return xp.sum(a * b, axis=(-2, -1))
+
+        return (
+            dot(self.A11, other.A11) + (dot(self.A12, other.A12) + dot(self.A21, other.A21)) / 2 + dot(self.B, other.B)
+        )
+
+    def norm(self) -> Array:
+        return array_namespace(self.A11).sqrt(self.inner(self))

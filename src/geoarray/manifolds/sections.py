@@ -1,4 +1,8 @@
-"""Global sections λ(Y) ∈ O(N) with λ(Y)E = Y for the Stiefel and Grassmann manifolds.
+"""Global sections λ(Y) with λ(Y)E = Y (Definition 5 of Brantner's paper).
+
+:class:`HouseholderSection` and :class:`DenseSection` serve the Stiefel and Grassmann manifolds
+(λ(Y) ∈ O(N)); :class:`SymplecticSection` the symplectic Stiefel manifold (λ(Y) ∈ Sp(2N), the
+symplectic Householder completion described in :mod:`geoarray.manifolds.symplectic_stiefel`).
 
 A section completes an orthonormal Y (N×n) to an orthogonal matrix λ(Y) = [Y, Q⊥] (Definition 5
 of the paper). The optimizer needs only three things from it:
@@ -29,11 +33,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .. import linalg
+from .. import _backend, linalg
 from .._backend import array_namespace
 from .._backend import device as _device
+from ._symplectic import _rows, _sp_inv, _stack_rows
 
-__all__ = ["DenseSection", "HouseholderSection"]
+__all__ = ["DenseSection", "HouseholderSection", "SymplecticSection"]
 
 Array = Any
 
@@ -91,3 +96,48 @@ class DenseSection(NamedTuple):
     def to_dense(self) -> Array:
         """Λ = [Y, Q⊥] as an (..., N, N) array."""
         return array_namespace(self.Y).concat([self.Y, self.Qperp], axis=-1)
+
+
+class SymplecticSection(NamedTuple):
+    """λ(Y) = Q·(λ_c ⊕ I) ∈ Sp(2N) with λE = Y (see the module docstring).
+
+    Fields: ``Y`` (..., 2N, 2n) the point; ``V`` (..., 2N, 2k), ``T`` (..., 2k, 2k): the
+    orthogonal-symplectic Q = I − V T Vᵀ; ``core`` (..., 2r, 2r): λ_c ∈ Sp(2r) on the core
+    coordinates (q₁…q_r, p₁…p_r). Memory O(N·n).
+    """
+
+    Y: Array
+    V: Array
+    T: Array
+    core: Array
+
+    def apply(self, X: Array) -> Array:
+        """λX for X (..., 2N, k), in O(N·n·k)."""
+        xp = array_namespace(X=X, Y=self.Y)
+        return _backend.compiled(_lam_apply, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
+
+    def apply_inv(self, X: Array) -> Array:
+        """λ⁻¹X = 𝕁ᵀλᵀ𝕁X for X (..., 2N, k), in O(N·n·k)."""
+        xp = array_namespace(X=X, Y=self.Y)
+        return _backend.compiled(_lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
+
+    def to_dense(self) -> Array:
+        """λ as a (..., 2N, 2N) array (tests and docs; O(N²) memory)."""
+        xp = array_namespace(self.Y)
+        N2 = self.Y.shape[-2]
+        eye = xp.broadcast_to(linalg.eye(N2, self.Y), (*self.core.shape[:-2], N2, N2))
+        return self.apply(eye)
+
+
+def _lam_apply(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
+    N, r = X.shape[-2] // 2, core.shape[-1] // 2
+    Xc = core @ _rows(X, 0, r, xp)
+    Z = _stack_rows([Xc, _rows(X, r, N, xp)], xp) if r < N else Xc
+    return linalg.apply_q(V, T, Z)
+
+
+def _lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
+    N, r = X.shape[-2] // 2, core.shape[-1] // 2
+    Z = linalg.apply_qt(V, T, X)
+    Zc = _sp_inv(core, xp) @ _rows(Z, 0, r, xp)
+    return _stack_rows([Zc, _rows(Z, r, N, xp)], xp) if r < N else Zc

@@ -13,11 +13,11 @@ every function of W that the optimizer needs is I + B′ K B″ᵀ with a 2n×2n
 X = B″ᵀB′ = [[½A, I], [¼A² − BᵀB, ½A]]:
 
 * geodesic: exp(W) = I + B′ φ₁(X) B″ᵀ with φ₁(X) = Σ_k X^k/(k+1)! (eqs. 19–20). φ₁ is evaluated
-  by balancing, scaling and doubling instead of the seed's open Taylor loop (Algorithm 4, which
+  by balancing, scaling and doubling instead of the paper's open Taylor loop (Algorithm 4, which
   loses orthogonality for ‖B‖ ≳ 40 and overflows near 700): with X_s = X/2ˢ, ‖X_s‖₁ ≤ 1, a
   degree-19 Taylor polynomial (7 matrix products, Paterson–Stockmeyer) gives φ₁(X_s) to unit
   roundoff, and the doubling identity φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times
-  (see :func:`_phi1`).
+  (see :func:`geoarray.manifolds.retraction.phi1`).
 * Cayley: Cay(W) = (I − ½W)⁻¹(I + ½W) = I + B′(I − ½X)⁻¹B″ᵀ (Woodbury), one 2n×2n solve.
 
 So exp(W)E = E + B′ K [I; ½A] costs O(N·n²) and never forms anything N×N.
@@ -25,7 +25,6 @@ So exp(W)E = E + B′ K [I; ½A] costs O(N·n²) and never forms anything N×N.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .. import _backend, linalg
@@ -34,121 +33,18 @@ from .._backend import as_namespace
 from .._backend import device as _device
 from .base import _RETRACTIONS, _SECTIONS, Manifold, _check_choice, _check_size
 from .horizontal import StiefelHorizontal
+from .retraction import retract_e, retraction_kernel
 from .sections import DenseSection, HouseholderSection
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
 Array = Any
 
-# φ₁ Taylor polynomial of degree 19 in Paterson–Stockmeyer form (chunks of 5: 4 + 3 matmuls); on
-# ‖X‖₁ ≤ θ = 1 its truncation error is Σ_{k≥20} 1/(k+1)! ≈ 2e-20, below unit roundoff.
-_PHI1_CHUNK = 5
-_PHI1_DEGREE = 19
-_PHI1_THETA = 1.0
-_PHI1_COEFFS = tuple(1.0 / math.factorial(k + 1) for k in range(_PHI1_DEGREE + 1))
-
-
-# ---------------------------------------------------------------------------------------------
-# The 2n×2n kernel shared by Stiefel and Grassmann
-# ---------------------------------------------------------------------------------------------
-
-
-def _norm1(X: Array, xp: Any) -> Array:
-    return xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
-
-
-def _phi1_taylor(X: Array, xp: Any) -> Array:
-    """Σ_{k≤19} X^k/(k+1)! by Paterson–Stockmeyer: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)), deg qⱼ ≤ 4."""
-    eye = linalg.eye(X.shape[-1], X)
-    powers = [eye, X]
-    for _ in range(2, _PHI1_CHUNK + 1):
-        powers.append(powers[-1] @ X)
-    top = powers.pop()  # X⁵
-    c = _PHI1_COEFFS
-    chunks = [
-        sum(c[j * _PHI1_CHUNK + i] * powers[i] for i in range(_PHI1_CHUNK))
-        for j in range((_PHI1_DEGREE + 1) // _PHI1_CHUNK)
-    ]
-    U = chunks[-1]
-    for q in reversed(chunks[:-1]):
-        U = q + top @ U
-    return U
-
-
-def _phi1(X: Array, xp: Any, max_doublings: int) -> Array:
-    """φ₁(X) = Σ_k X^k/(k+1)! = (e^X − I)X⁻¹ by balancing, scaling and doubling.
-
-    Balancing: for X = [[X₁₁, X₁₂], [X₂₁, X₂₂]] (equal halves) φ₁(X) = D φ₁(D⁻¹XD) D⁻¹ with
-    D = diag(I, αI), α = (‖X₂₁‖/‖X₁₂‖)^½. The kernels of the retractions have X₁₂ = I and
-    X₂₁ = O(‖W‖²), so balancing makes ‖D⁻¹XD‖ = O(‖W‖) and optimizer-sized steps need no doubling.
-    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ 1, the degree-19 Taylor polynomial gives φ₁(X_s)
-    to unit roundoff, and φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
-    """
-    m = X.shape[-1]
-    balance = m % 2 == 0 and m > 0
-    if balance:
-        h = m // 2
-        n12, n21 = _norm1(X[..., :h, h:], xp), _norm1(X[..., h:, :h], xp)
-        ok = xp.logical_and(n12 > 0, n21 > 0)
-        alpha = xp.where(ok, xp.sqrt(n21 / xp.where(ok, n12, xp.ones_like(n12))), xp.ones_like(n12))[..., None, None]
-        X = xp.concat(
-            [xp.concat([X[..., :h, :h], alpha * X[..., :h, h:]], axis=-1),
-             xp.concat([X[..., h:, :h] / alpha, X[..., h:, h:]], axis=-1)],
-            axis=-2,
-        )  # fmt: skip
-    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
-    s = xp.ceil(xp.log2(xp.maximum(_norm1(X, xp) / _PHI1_THETA, one)))
-    s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
-    Xs = X / xp.pow(2.0, s)[..., None, None]
-    U = _phi1_taylor(Xs, xp)
-
-    def double(k, carry):
-        U, Xk = carry
-        active = (s > k)[..., None, None]
-        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
-
-    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
-    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
-    U = xp.where((s > max_doublings)[..., None, None], nan, U)
-    if balance:
-        U = xp.concat(
-            [xp.concat([U[..., :h, :h], U[..., :h, h:] / alpha], axis=-1),
-             xp.concat([alpha * U[..., h:, :h], U[..., h:, h:]], axis=-1)],
-            axis=-2,
-        )  # fmt: skip
-    return U
-
-
-def _xmat(halfA: Array, B: Array, xp: Any) -> Array:
-    """X = B″ᵀB′ = [[½A, I], [¼A² − BᵀB, ½A]]."""
-    n = B.shape[-1]
-    eye = xp.broadcast_to(linalg.eye(n, B), halfA.shape)
-    top = xp.concat([halfA, eye], axis=-1)
-    bottom = xp.concat([halfA @ halfA - xp.matrix_transpose(B) @ B, halfA], axis=-1)
-    return xp.concat([top, bottom], axis=-2)
-
-
-def _kernel(halfA: Array, B: Array, xp: Any, method: str, max_doublings: int) -> Array:
-    """K with g(W) = I + B′ K B″ᵀ: φ₁(X) (geodesic) or (I − ½X)⁻¹ (Cayley)."""
-    X = _xmat(halfA, B, xp)
-    if method == "geodesic":
-        return _phi1(X, xp, max_doublings)
-    eye = linalg.eye(X.shape[-1], X)
-    return xp.linalg.solve(eye - X / 2, xp.broadcast_to(eye, X.shape))
-
 
 def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
-    """g(W)E = E + B′ K [I; ½A] as an (..., N, n) array (½A = 0 for Grassmann)."""
-    n = B.shape[-1]
-    eye = linalg.eye(n, B)
-    c = xp.concat([xp.broadcast_to(eye, halfA.shape), halfA], axis=-2)  # B″ᵀE, (..., 2n, n)
-    if method == "geodesic":
-        D = _kernel(halfA, B, xp, method, max_doublings) @ c
-    else:
-        D = xp.linalg.solve(linalg.eye(2 * n, B) - _xmat(halfA, B, xp) / 2, c)
-    D_top, D_bot = D[..., :n, :], D[..., n:, :]
-    top = eye + halfA @ D_top + D_bot
-    return xp.concat([top, B @ D_top], axis=-2)
+    """g(W)E as an (..., N, n) array (½A = 0 for Grassmann); see :mod:`~geoarray.manifolds.retraction`."""
+    top, bottom = retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
+    return xp.concat([top, bottom], axis=-2)
 
 
 def _transport(
@@ -156,7 +52,7 @@ def _transport(
 ) -> tuple[Array, Array]:
     """Λ·g(W) for a dense Λ = [Y, Q⊥]: Λ + (ΛB′) K B″ᵀ, in O(N²·n)."""
     n = B.shape[-1]
-    K = _kernel(halfA, B, xp, method, max_doublings)
+    K = retraction_kernel(halfA, xp.matrix_transpose(B) @ B, xp, method, max_doublings)
     LB = xp.concat([Y @ halfA + Qperp @ B, xp.broadcast_to(Y, (*halfA.shape[:-2], *Y.shape[-2:]))], axis=-1)
     P = LB @ K  # (..., N, 2n)
     Y_new = Y + P[..., :, :n] + P[..., :, n:] @ halfA

@@ -72,201 +72,23 @@ How conditioning is controlled
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import _backend, linalg
 from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
+from ._symplectic import _broadcast_shapes, _hamiltonian_blocks, _j, _jt, _rows, _sp_inv, _stack_rows
 from .base import Manifold, _check_choice, _check_size
-from .horizontal import HorizontalElement
-from .stiefel import _phi1
+from .horizontal import SymplecticStiefelHorizontal
+from .retraction import retract_e
+from .sections import SymplecticSection, _lam_apply_inv
 
-__all__ = ["SymplecticSection", "SymplecticStiefel", "SymplecticStiefelHorizontal"]
+__all__ = ["SymplecticStiefel"]
 
 Array = Any
 
 _RETRACTIONS = ("cayley", "geodesic")
-
-
-# ---------------------------------------------------------------------------------------------
-# Coordinates: rows of a (..., 2K, k) array are (q₁…q_K, p₁…p_K)
-# ---------------------------------------------------------------------------------------------
-
-
-def _j(X: Array, xp: Any) -> Array:
-    """𝕁X for X (..., 2K, k): (q, p) ↦ (p, −q)."""
-    K = X.shape[-2] // 2
-    return xp.concat([X[..., K:, :], -X[..., :K, :]], axis=-2)
-
-
-def _jt(X: Array, xp: Any) -> Array:
-    """𝕁ᵀX: (q, p) ↦ (−p, q)."""
-    K = X.shape[-2] // 2
-    return xp.concat([-X[..., K:, :], X[..., :K, :]], axis=-2)
-
-
-def _sp_inv(Y: Array, xp: Any) -> Array:
-    """Y⁺ = 𝕁ᵀYᵀ𝕁 for Y (..., 2K, 2k): (..., 2k, 2K)."""
-    return _jt(xp.matrix_transpose(_jt(Y, xp)), xp)
-
-
-def _rows(X: Array, lo: int, hi: int, xp: Any) -> Array:
-    """Rows (q_lo…q_hi, p_lo…p_hi) (0-based, hi exclusive) of X (..., 2K, k)."""
-    K = X.shape[-2] // 2
-    return xp.concat([X[..., lo:hi, :], X[..., K + lo : K + hi, :]], axis=-2)
-
-
-def _stack_rows(parts: list[Array], xp: Any) -> Array:
-    """Inverse of :func:`_rows`: interleave the q halves, then the p halves, of consecutive blocks."""
-    qs = [P[..., : P.shape[-2] // 2, :] for P in parts]
-    ps = [P[..., P.shape[-2] // 2 :, :] for P in parts]
-    return xp.concat(qs + ps, axis=-2)
-
-
-def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """Broadcast batch shapes (static Python tuples)."""
-    ndim = max(len(s) for s in shapes)
-    out = []
-    for dims in zip(*((1,) * (ndim - len(s)) + tuple(s) for s in shapes), strict=True):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ValueError(f"batch shapes {shapes} do not broadcast")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
-
-
-def _hamiltonian_blocks(A: Array, xp: Any) -> tuple[Array, Array, Array]:
-    """Frobenius projection ½(A − A⁺) of A (..., 2n, 2n) onto sp(2n), as its blocks.
-
-    sp(2n) = {[[A₁₁, A₁₂], [A₂₁, −A₁₁ᵀ]] : A₁₂ = A₁₂ᵀ, A₂₁ = A₂₁ᵀ}.
-    """
-    n = A.shape[-1] // 2
-    mT = xp.matrix_transpose
-    A11 = (A[..., :n, :n] - mT(A[..., n:, n:])) / 2
-    A12 = (A[..., :n, n:] + mT(A[..., :n, n:])) / 2
-    A21 = (A[..., n:, :n] + mT(A[..., n:, :n])) / 2
-    return A11, A12, A21
-
-
-# ---------------------------------------------------------------------------------------------
-# Horizontal elements
-# ---------------------------------------------------------------------------------------------
-
-
-class _SymplecticFields(NamedTuple):
-    A11: Array
-    A12: Array
-    A21: Array
-    B: Array
-
-
-class SymplecticStiefelHorizontal(HorizontalElement, _SymplecticFields):
-    """[[A, −B⁺], [B, 0]] ∈ g^hor of SpSt(2N, 2n), in the coordinate order (E, F).
-
-    Fields (the independent blocks, so elementwise optimizer arithmetic treats every independent
-    entry once and keeps the structure):
-
-    * ``A11`` (..., n, n), ``A12`` (..., n, n) symmetric, ``A21`` (..., n, n) symmetric:
-      A = [[A11, A12], [A21, −A11ᵀ]] ∈ sp(2n). Elementwise operations map symmetric matrices to
-      symmetric matrices, so every cache and velocity stays in g^hor.
-    * ``B`` (..., 2(N−n), 2n): rows q_{n+1}…q_N then p_{n+1}…p_N; B⁺ = 𝕁_{2n}ᵀBᵀ𝕁_{2(N−n)}.
-    """
-
-    __slots__ = ()
-
-    def hamiltonian(self) -> Array:
-        """A = [[A11, A12], [A21, −A11ᵀ]] as a (..., 2n, 2n) array."""
-        xp = array_namespace(A11=self.A11, A12=self.A12, A21=self.A21)
-        top = xp.concat([self.A11, self.A12], axis=-1)
-        bottom = xp.concat([self.A21, -xp.matrix_transpose(self.A11)], axis=-1)
-        return xp.concat([top, bottom], axis=-2)
-
-    def to_dense(self) -> Array:
-        """The (..., 2N, 2N) matrix of sp(2N) in the original (q, p) coordinates (tests and docs)."""
-        xp = array_namespace(A11=self.A11, B=self.B)
-        A = self.hamiltonian()
-        batch = _broadcast_shapes(tuple(A.shape[:-2]), tuple(self.B.shape[:-2]))
-        A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
-        B = xp.broadcast_to(self.B, (*batch, *self.B.shape[-2:]))
-        m2 = B.shape[-2]
-        Bplus = _sp_inv(B, xp) if m2 else xp.zeros((*A.shape[:-2], A.shape[-1], 0), dtype=A.dtype, device=_device(A))
-        zeros = xp.zeros((*A.shape[:-2], m2, m2), dtype=A.dtype, device=_device(A))
-        # columns in (E, F) order, rows put back in (q, p) order; then the same for the columns
-        cols_e = _stack_rows([A, B], xp)  # (..., 2N, 2n)
-        cols_f = _stack_rows([-Bplus, zeros], xp)  # (..., 2N, 2m)
-        W_t = xp.matrix_transpose(xp.concat([cols_e, cols_f], axis=-1))  # rows in (E, F) order
-        n2 = A.shape[-1]
-        return xp.matrix_transpose(_stack_rows([W_t[..., :n2, :], W_t[..., n2:, :]], xp))
-
-    def inner(self, other: SymplecticStiefelHorizontal) -> Array:
-        """½tr(W₁ᵀW₂) = ½tr(A₁ᵀA₂) + tr(B₁ᵀB₂), per batch element.
-
-        In the stored blocks: Σ A11¹A11² + ½Σ A12¹A12² + ½Σ A21¹A21² + Σ B¹B², i.e. weight 1 on every
-        entry of A11, B and on each off-diagonal pair of A12, A21, and ½ on their diagonals. It
-        equals the metric g_Y of the represented tangent vectors when λ(Y) is orthogonal (YᵀY = I).
-        """
-        xp = array_namespace(self.A11, other.A11)
-
-        def dot(a, b):
-            return xp.sum(a * b, axis=(-2, -1))
-
-        return (
-            dot(self.A11, other.A11) + (dot(self.A12, other.A12) + dot(self.A21, other.A21)) / 2 + dot(self.B, other.B)
-        )
-
-    def norm(self) -> Array:
-        return array_namespace(self.A11).sqrt(self.inner(self))
-
-
-# ---------------------------------------------------------------------------------------------
-# The section
-# ---------------------------------------------------------------------------------------------
-
-
-class SymplecticSection(NamedTuple):
-    """λ(Y) = Q·(λ_c ⊕ I) ∈ Sp(2N) with λE = Y (see the module docstring).
-
-    Fields: ``Y`` (..., 2N, 2n) the point; ``V`` (..., 2N, 2k), ``T`` (..., 2k, 2k): the
-    orthogonal-symplectic Q = I − V T Vᵀ; ``core`` (..., 2r, 2r): λ_c ∈ Sp(2r) on the core
-    coordinates (q₁…q_r, p₁…p_r). Memory O(N·n).
-    """
-
-    Y: Array
-    V: Array
-    T: Array
-    core: Array
-
-    def apply(self, X: Array) -> Array:
-        """λX for X (..., 2N, k), in O(N·n·k)."""
-        xp = array_namespace(X=X, Y=self.Y)
-        return _backend.compiled(_lam_apply, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
-
-    def apply_inv(self, X: Array) -> Array:
-        """λ⁻¹X = 𝕁ᵀλᵀ𝕁X for X (..., 2N, k), in O(N·n·k)."""
-        xp = array_namespace(X=X, Y=self.Y)
-        return _backend.compiled(_lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
-
-    def to_dense(self) -> Array:
-        """λ as a (..., 2N, 2N) array (tests and docs; O(N²) memory)."""
-        xp = array_namespace(self.Y)
-        N2 = self.Y.shape[-2]
-        eye = xp.broadcast_to(linalg.eye(N2, self.Y), (*self.core.shape[:-2], N2, N2))
-        return self.apply(eye)
-
-
-def _lam_apply(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
-    N, r = X.shape[-2] // 2, core.shape[-1] // 2
-    Xc = core @ _rows(X, 0, r, xp)
-    Z = _stack_rows([Xc, _rows(X, r, N, xp)], xp) if r < N else Xc
-    return _apply_q(V, T, Z, xp)
-
-
-def _lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
-    N, r = X.shape[-2] // 2, core.shape[-1] // 2
-    Z = _apply_qt(V, T, X, xp)
-    Zc = _sp_inv(core, xp) @ _rows(Z, 0, r, xp)
-    return _stack_rows([Zc, _rows(Z, r, N, xp)], xp) if r < N else Zc
 
 
 def _global_rep(Y: Array, V: Array, T: Array, core: Array, D: Array, *, xp: Any) -> tuple[Array, ...]:
@@ -275,18 +97,6 @@ def _global_rep(Y: Array, V: Array, T: Array, core: Array, D: Array, *, xp: Any)
     A11, A12, A21 = _hamiltonian_blocks(_sp_inv(Y, xp) @ D, xp)
     B = _rows(_lam_apply_inv(V, T, core, D, xp=xp), n, N, xp)
     return A11, A12, A21, B
-
-
-def _apply_q(V: Array, T: Array, X: Array, xp: Any) -> Array:
-    if V.shape[-1] == 0:
-        return X
-    return X - V @ (T @ (xp.matrix_transpose(V) @ X))
-
-
-def _apply_qt(V: Array, T: Array, X: Array, xp: Any) -> Array:
-    if V.shape[-1] == 0:
-        return X
-    return X - V @ (xp.matrix_transpose(T) @ (xp.matrix_transpose(V) @ X))
 
 
 def _complex_householder(Y: Array, *, xp: Any, steps: int) -> tuple[Array, Array, Array]:
@@ -382,26 +192,14 @@ def _section(Y: Array, *, xp: Any, resymplectify: bool) -> tuple[Array, Array, A
 def _retract_e(
     A11: Array, A12: Array, A21: Array, B: Array, *, xp: Any, method: str, max_doublings: int
 ) -> tuple[Array, Array]:
-    """(E-part (..., 2n, 2n), F-part (..., 2m, 2n)) of g(W)E for W = [[A, −B⁺], [B, 0]]."""
+    """(E-part (..., 2n, 2n), F-part (..., 2m, 2n)) of g(W)E for W = [[A, −B⁺], [B, 0]]: the shared
+    kernel of :mod:`~geoarray.manifolds.retraction` with the Gram block B⁺B."""
     A = SymplecticStiefelHorizontal(A11, A12, A21, B).hamiltonian()
     batch = _broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))
     A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
     B = xp.broadcast_to(B, (*batch, *B.shape[-2:]))
-    n2 = A.shape[-1]
-    halfA = A / 2
-    eye = xp.broadcast_to(linalg.eye(n2, A), A.shape)
-    BpB = _sp_inv(B, xp) @ B if B.shape[-2] else xp.zeros_like(A)
-    X = xp.concat(
-        [xp.concat([halfA, eye], axis=-1), xp.concat([halfA @ halfA - BpB, halfA], axis=-1)],
-        axis=-2,
-    )
-    c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE
-    if method == "geodesic":
-        D = _phi1(X, xp, max_doublings) @ c
-    else:
-        D = xp.linalg.solve(linalg.eye(2 * n2, A) - X / 2, c)
-    D_top, D_bot = D[..., :n2, :], D[..., n2:, :]
-    return eye + halfA @ D_top + D_bot, B @ D_top
+    gram = _sp_inv(B, xp) @ B if B.shape[-2] else xp.zeros_like(A)
+    return retract_e(A / 2, gram, B, xp=xp, method=method, max_doublings=max_doublings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,7 +383,7 @@ class SymplecticStiefel(Manifold):
         W = SymplecticStiefelHorizontal(sigma * A11, sigma * A12, sigma * A21, sigma * B)
         Y0 = self.retraction(W, method="cayley")
         V, T, _ = _backend.compiled(_complex_householder, xp, "xp", "steps")(G, xp=xp, steps=min(self.n2, self.N - 1))
-        return _apply_q(V, T, Y0, xp)
+        return linalg.apply_q(V, T, Y0)
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
         """|(Yᵀ𝕁Y − 𝕁)_ij| ≤ atol·max(1, ‖y_i‖‖y_j‖) over the whole batch.

@@ -2,7 +2,7 @@
 
 Every layer follows the contract of :mod:`geoarray.nn.base`: ``init``, ``manifolds``, ``apply``,
 ``vjp``; :class:`Chain` composes them. Sequence layers take ``(..., T, d)`` (time, then features;
-the seeds write d × T), pointwise layers ``(..., d)``; symplectic layers split the features into
+the papers write d × T), pointwise layers ``(..., d)``; symplectic layers split the features into
 ``[q, p]`` halves.
 """
 

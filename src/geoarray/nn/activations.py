@@ -122,7 +122,7 @@ def get_activation(activation: str | Any) -> Activation:
 
 
 def softmax(z: Array, axis: int = -1) -> Array:
-    """softmax(z)_i = exp(z_i) / Σ_j exp(z_j) along ``axis`` (eq. 22 of seed 002).
+    """softmax(z)_i = exp(z_i) / Σ_j exp(z_j) along ``axis`` (eq. 22 of Brantner's paper).
 
     The maximum along ``axis`` is subtracted first: the result is unchanged (softmax is invariant
     under shifts) and exp never overflows, whatever the size of the logits.

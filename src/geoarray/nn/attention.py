@@ -1,4 +1,7 @@
-"""Multi-head attention with Stiefel projections (seed 002, section 4, eq. 14 and appendix E)."""
+"""Multi-head attention with Stiefel projections.
+
+Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*, section 4, eq. 14 and
+appendix E."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ _KEYS = ("PQ", "PK", "PV")
 
 
 class MultiHeadAttention(Layer):
-    """Multi-head attention, eq. 14 of seed 002: Attention(Q_i, K_i, V_i) = V_i softmax(Q_iᵀK_i).
+    """Multi-head attention, eq. 14 of Brantner's paper: Attention(Q_i, K_i, V_i) = V_i softmax(Q_iᵀK_i).
 
     In the paper's layout a sequence is a matrix X ∈ R^{dim×T} (one column per time step) and head
     i = 1…n_heads computes Q_i = W_i^{Qᵀ}X, K_i = W_i^{Kᵀ}X, V_i = W_i^{Vᵀ}X ∈ R^{d_h×T}

@@ -1,4 +1,5 @@
-"""The classification layer of the paper's vision transformer (eq. 16 of seed 002)."""
+"""The classification layer of the vision transformer of Brantner, *Generalizing Adam to Manifolds for
+Efficiently Training Transformers* (eq. 16)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ Array = Any
 
 
 class ClassificationLayer(Layer):
-    """X ↦ softmax(W x_T) (eq. 16 of seed 002), or softmax(W · (1/T)Σ_t x_t) with ``average=True``.
+    """X ↦ softmax(W x_T) (eq. 16 of Brantner's paper), or softmax(W · (1/T)Σ_t x_t) with ``average=True``.
 
-    Input a sequence x (..., T, dim) — the transpose of the seeds' dim × T matrix X, so the seeds'
+    Input a sequence x (..., T, dim) — the transpose of the papers' dim × T matrix X, so the papers'
     last column X[1:dim, end] is ``x[..., -1, :]`` — output (..., n_classes): one probability vector
     per batch element. W ∈ R^{n_classes×dim} is unconstrained and Glorot-uniform at init; there is
     no bias, as in eq. 16. ``params = {"W": (n_classes, dim)}``.

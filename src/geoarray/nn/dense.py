@@ -1,7 +1,7 @@
 """Pointwise affine layers: Dense x ↦ σ(Wx + b) and the ResNet layer x ↦ x + σ(Wx + b) (eq. 15).
 
 Both act on the last axis of ``x`` (..., d) and treat every leading axis as a batch axis, so a
-sequence (..., T, d) is transformed column by column of the seeds' d × T matrix (the seeds write a
+sequence (..., T, d) is transformed column by column of the papers' d × T matrix (the papers write a
 sequence as d × T; geoarray stores its transpose, time then features). In row form the layers
 compute x Wᵀ + b on each row; parameter gradients are summed over all leading axes in one matrix
 product over the flattened batch.
@@ -79,7 +79,7 @@ class _Affine(Layer):
 class Dense(_Affine):
     """x ↦ σ(Wx + b), W ∈ R^{out×in}, b ∈ R^{out}: a pointwise layer on x (..., in) → (..., out).
 
-    Leading axes are batch axes (a sequence (..., T, in) is mapped row by row; the seeds' d × T
+    Leading axes are batch axes (a sequence (..., T, in) is mapped row by row; the papers' d × T
     matrices are stored transposed). ``params = {"W": (out, in), "b": (out,)}`` (no ``"b"`` when
     ``use_bias=False``), W Glorot-uniform and b = 0 at init; ``manifolds()`` gives None for both.
     ``activation`` is a name (``"identity"``, ``"tanh"``, …) or an object with ``fn`` and ``deriv``
@@ -95,9 +95,9 @@ class Dense(_Affine):
 
 
 class ResNetLayer(_Affine):
-    """x ↦ x + σ(Wx + b), W ∈ R^{dim×dim}: the feed-forward block with add connection (eq. 15 of seed 002).
+    """x ↦ x + σ(Wx + b), W ∈ R^{dim×dim}: the feed-forward block with add connection (eq. 15 of Brantner's paper).
 
-    Pointwise on x (..., dim); a sequence (..., T, dim) — the transpose of the seeds' dim × T
+    Pointwise on x (..., dim); a sequence (..., T, dim) — the transpose of the papers' dim × T
     matrix — is mapped row by row. ``params = {"W": (dim, dim), "b": (dim,)}`` (no ``"b"`` when
     ``use_bias=False``), W Glorot-uniform and b = 0 at init, all unconstrained as in the paper.
     """

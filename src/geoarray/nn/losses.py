@@ -169,7 +169,7 @@ class MSELoss(Loss):
 
 
 class ClassificationL2Loss(Loss):
-    """The paper's classification loss (seed 002, appendix D): mean over the batch of ‖p − t‖₂.
+    """The paper's classification loss (Brantner's paper, appendix D): mean over the batch of ‖p − t‖₂.
 
     ``pred`` holds probabilities p (..., C), e.g. the softmax output of
     :class:`~geoarray.nn.classification.ClassificationLayer`; t is one-hot. For the maximum-entropy

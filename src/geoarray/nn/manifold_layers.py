@@ -1,7 +1,7 @@
 """Linear layers whose weight is a point of the Stiefel or the Grassmann manifold.
 
 Both are pointwise on the last axis of x (..., d); leading axes (batch, and time for a sequence
-(..., T, d), the transpose of the seeds' d × T matrices) are vectorised, and the gradient of Y is
+(..., T, d), the transpose of the papers' d × T matrices) are vectorised, and the gradient of Y is
 summed over them. The Euclidean gradient returned by the pullback is what an optimizer turns into
 a Riemannian one (``manifolds()`` names the manifold), so Y stays on the manifold during training.
 """

@@ -102,11 +102,13 @@ class _LinearSymplecticAttention(_SymplecticShear):
 
 
 class LinearSymplecticAttentionQ(_LinearSymplecticAttention):
-    """Linear symplectic attention, Q version: q ← q + Ā p, p unchanged (seed 001).
+    """Linear symplectic attention, Q version: q ← q + Ā p, p unchanged.
+
+    From the "Linear Symplectic Attention" chapter of the GeometricMachineLearning.jl documentation.
 
     ``x`` is ``(..., T, dim)`` = [q, p] halves; Ā (T×T, symmetric) mixes the time steps:
-    q_t ← q_t + Σ_s Ā_ts p_s. In the seed's k×T layout this is Q ← Q + P Ā, the gradient of
-    F(P) = ½ Tr(P A Pᵀ): ∇_P F = ½ P (A + Aᵀ) = P Ā. The seed says A ∈ 𝒮_skew(T); that is a typo
+    q_t ← q_t + Σ_s Ā_ts p_s. In the chapter's k×T layout this is Q ← Q + P Ā, the gradient of
+    F(P) = ½ Tr(P A Pᵀ): ∇_P F = ½ P (A + Aᵀ) = P Ā. The chapter says A ∈ 𝒮_skew(T); that is a typo
     (for skew A the gradient vanishes): Ā is the symmetric part of A, and the Jacobian
     [[I, Ā ⊗ I_k], [0, I]] is symplectic exactly because Ā is symmetric.
 
@@ -119,10 +121,12 @@ class LinearSymplecticAttentionQ(_LinearSymplecticAttention):
 
 
 class LinearSymplecticAttentionP(_LinearSymplecticAttention):
-    """Linear symplectic attention, P version: p ← p + Ā q, q unchanged (seed 001).
+    """Linear symplectic attention, P version: p ← p + Ā q, q unchanged.
 
-    ``x`` is ``(..., T, dim)`` = [q, p] halves; the seed's k×T form is P ← P + Q Ā with
-    Ā = ½(A + Aᵀ) (the seed's "A ∈ 𝒮_skew" is a typo: skew A gives a zero update). Parameters and
+    From the "Linear Symplectic Attention" chapter of the GeometricMachineLearning.jl documentation.
+
+    ``x`` is ``(..., T, dim)`` = [q, p] halves; the chapter's k×T form is P ← P + Q Ā with
+    Ā = ½(A + Aᵀ) (the chapter's "A ∈ 𝒮_skew" is a typo: skew A gives a zero update). Parameters and
     checks as in :class:`LinearSymplecticAttentionQ`.
     """
 
@@ -187,7 +191,7 @@ class _SymplecticAttention(_SymplecticShear):
 
     def _weights(self, s: Array, Ae: Array, xp: Any) -> tuple[Array, Array, Array]:
         sA = s @ Ae  # (..., T, k)
-        C = sA @ xp.matrix_transpose(s)  # s Ae sᵀ: the seed's ZᵀAZ in the (T, k) layout
+        C = sA @ xp.matrix_transpose(s)  # s Ae sᵀ: the chapter's ZᵀAZ in the (T, k) layout
         lse, w = self._logsumexp(C, xp)
         return sA, lse, w
 
@@ -248,19 +252,21 @@ class _SymplecticAttention(_SymplecticShear):
 
 
 class SymplecticAttentionQ(_SymplecticAttention):
-    r"""Symplectic attention, Q version: q ← q + ∇_p Σ(p), p unchanged (seed 003).
+    r"""Symplectic attention, Q version: q ← q + ∇_p Σ(p), p unchanged.
+
+    From the "Symplectic Attention" chapter of the GeometricMachineLearning.jl documentation.
 
     ``x`` is ``(..., T, dim)`` = [q, p] halves (dim = 2k even, else ``ValueError``); any T. With the
-    seed's k×T matrix Z = pᵀ, the correlation C = ZᵀAZ is p A pᵀ (T×T) and the potential is
+    chapter's k×T matrix Z = pᵀ, the correlation C = ZᵀAZ is p A pᵀ (T×T) and the potential is
 
-    * ``softmax="matrix"``: Σ(p) = log(1 + Σ_{m,n} exp C_mn) (the seed's display puts the sum inside
+    * ``softmax="matrix"``: Σ(p) = log(1 + Σ_{m,n} exp C_mn) (the chapter's display puts the sum inside
       the exp; its gradient formula, used here, has it outside);
     * ``softmax="vector"``: Σ(p) = Σ_n log(1 + Σ_m exp C_mn) (a softmax per column of C).
 
     The update is the exact gradient ∇_p Σ = w p Aᵀ + wᵀ p A (seed: A Z wᵀ + Aᵀ Z w), with
     w = ∂Σ/∂C = exp(C)/(1 + Σ exp C) over all entries (matrix) or per column (vector), computed
     with the maximum (and the 0 logit of the "1 +") subtracted. For symmetric A and the matrix
-    softmax this is the seed's 2 A Z w; for the vector softmax w is not symmetric and the seed's
+    softmax this is the chapter's 2 A Z w; for the vector softmax w is not symmetric and the chapter's
     one-term simplification A Z softmax(C) is not the gradient, so the exact two-term form is used
     for every option. Being a gradient shear, the layer is symplectic (Jacobian [[I, H], [0, I]],
     H the symmetric Hessian of Σ); the pullback uses the exact Hessian-vector product H·q̄.
@@ -275,9 +281,11 @@ class SymplecticAttentionQ(_SymplecticAttention):
 
 
 class SymplecticAttentionP(_SymplecticAttention):
-    r"""Symplectic attention, P version: p ← p + ∇_q Σ(q), q unchanged (seed 003).
+    r"""Symplectic attention, P version: p ← p + ∇_q Σ(q), q unchanged.
 
-    As :class:`SymplecticAttentionQ` with the roles of the halves exchanged: C = q A qᵀ (the seed's
+    From the "Symplectic Attention" chapter of the GeometricMachineLearning.jl documentation.
+
+    As :class:`SymplecticAttentionQ` with the roles of the halves exchanged: C = q A qᵀ (the chapter's
     QᵀAQ, T×T), Σ(q) the matrix- or vector-softmax potential, and the update the exact gradient
     w q Aᵀ + wᵀ q A. ``x`` is ``(..., T, dim)`` = [q, p] halves, dim even.
     """

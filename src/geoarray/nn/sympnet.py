@@ -2,7 +2,7 @@
 
 Every layer here acts pointwise on a phase-space vector z = [q; p] ∈ R^{2k}: the input is
 ``(..., d)`` with d = 2k, the first k features are q and the last k are p. Sequences ``(..., T, d)``
-(time, then features — the seeds write d × T) are just more leading dimensions: each z_t is mapped on
+(time, then features — the papers write d × T) are just more leading dimensions: each z_t is mapped on
 its own, so the map is symplectic for the product-space form Σ_t z_tᵀ 𝕁 z̃_t,
 𝕁_{2k} = [[0, I_k], [−I_k, 0]].
 

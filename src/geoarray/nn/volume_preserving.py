@@ -1,12 +1,12 @@
 """Volume-preserving layers: Cayley attention and unit-triangular feed-forward shears.
 
-Layout. geoarray sequences are ``(..., T, d)`` (time, then features); the seed (volume-preserving
-transformer chapter) writes a sequence as the d×T matrix Z = [z⁽¹⁾, …, z⁽ᵀ⁾]. With X = Zᵀ the
-seed's correlation matrix ZᵀAZ is X A Xᵀ (T×T, entry (i, j) = z⁽ⁱ⁾ᵀ A z⁽ʲ⁾) and its output
+Layout. geoarray sequences are ``(..., T, d)`` (time, then features); the volume-preserving
+transformer chapter writes a sequence as the d×T matrix Z = [z⁽¹⁾, …, z⁽ᵀ⁾]. With X = Zᵀ the
+chapter's correlation matrix ZᵀAZ is X A Xᵀ (T×T, entry (i, j) = z⁽ⁱ⁾ᵀ A z⁽ʲ⁾) and its output
 Z Λ(Z) is, transposed back, Λ(X)ᵀ X.
 
 Volume. A map of sequences is volume-preserving when the map of the flattened vectors in ℝ^{dT}
-is, i.e. det ∂vec(y)/∂vec(x) = 1 (the seed's definition; the order of flattening does not change a
+is, i.e. det ∂vec(y)/∂vec(x) = 1 (the chapter's definition; the order of flattening does not change a
 determinant).
 """
 
@@ -33,19 +33,21 @@ Array = Any
 
 
 class VolumePreservingAttention(Layer):
-    r"""Volume-preserving attention Z ↦ Z Λ(Z), Λ(Z) = Cayley(ZᵀAZ) (seed 000, eq. "LambdaRight").
+    r"""Volume-preserving attention Z ↦ Z Λ(Z), Λ(Z) = Cayley(ZᵀAZ) (eq. "LambdaRight").
 
-    ``x`` is ``(..., T, dim)``; the seed's d×T matrix is Z = xᵀ, so in geoarray's layout the layer
+    From the "Volume-Preserving Transformer" chapter of the GeometricMachineLearning.jl documentation.
+
+    ``x`` is ``(..., T, dim)``; the chapter's d×T matrix is Z = xᵀ, so in geoarray's layout the layer
     computes::
 
-        C = x A xᵀ                       (T×T, skew; the seed's ZᵀAZ)
+        C = x A xᵀ                       (T×T, skew; the chapter's ZᵀAZ)
         Λ = Cayley(C) = (I − C)(I + C)⁻¹ (orthogonal, det Λ = 1)
-        y = Λᵀ x                         (the seed's Z Λ, transposed)
+        y = Λᵀ x                         (the chapter's Z Λ, transposed)
 
     Since Λᵀ = Cayley(Cᵀ) = (I + Cᵀ)⁻¹(I − Cᵀ), the output is evaluated as y = 2(I + Cᵀ)⁻¹x − x
     with one batched T×T inverse per sequence (I + Cᵀ has all singular values ≥ 1 for skew C, so
     this is as accurate as a solve; the pullback reuses it), any T (T < d and T > d alike).
-    The seed prints a factor ½ in front of the Cayley transform; it is a typo (the transform must
+    The chapter prints a factor ½ in front of the Cayley transform; it is a typo (the transform must
     map skew matrices to orthogonal ones).
 
     Volume. With A skew, det ∂vec(y)/∂vec(x) = 1 exactly, although Λ depends on x (tested to 1e-8).
@@ -101,12 +103,12 @@ class VolumePreservingAttention(Layer):
         return (L - xp.matrix_transpose(L)) / math.sqrt(self.dim)
 
     def correlation(self, params: Any, x: Array) -> Array:
-        """C (..., T, T): the seed's ZᵀAZ (skew), i.e. x A xᵀ in the (T, d) layout."""
+        """C (..., T, T): the chapter's ZᵀAZ (skew), i.e. x A xᵀ in the (T, d) layout."""
         xp, _, Ae = self._prepare(params, x)
         return self._correlation(x @ Ae, x, xp)
 
     def attention_matrix(self, params: Any, x: Array) -> Array:
-        """Λ(x) = Cayley(C) (..., T, T), orthogonal; the layer outputs Λᵀ x (the seed's Z Λ)."""
+        """Λ(x) = Cayley(C) (..., T, T), orthogonal; the layer outputs Λᵀ x (the chapter's Z Λ)."""
         return cayley(self.correlation(params, x))
 
     # -- contract ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import optree
 from .. import _backend
 from .._backend import array_namespace
 from ..manifolds.horizontal import HorizontalElement
-from .schedules import as_schedule
+from .schedules import _check_positive, as_schedule
 
 __all__ = [
     "AddDecayedWeightsState",
@@ -149,12 +149,6 @@ def _check_unit_interval(value: Any, name: str, *, closed: bool = False) -> floa
 def _check_nonnegative(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
-    return float(value)
-
-
-def _check_positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
 
 
@@ -347,7 +341,8 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     Riemannian norm and the clipped update stays horizontal (the retraction keeps the weight on its
     manifold).
     """
-    max_norm = _check_positive(max_norm, "max_norm")
+    _check_positive(max_norm, "max_norm")
+    max_norm = float(max_norm)
 
     def init(params: Any) -> ClipByGlobalNormState:
         return ClipByGlobalNormState()
@@ -414,7 +409,8 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
     taken: the update of H is not invariant under rescaling s.
     """
     schedule = as_schedule(lr)
-    curvature_eps = _check_positive(curvature_eps, "curvature_eps")
+    _check_positive(curvature_eps, "curvature_eps")
+    curvature_eps = float(curvature_eps)
 
     def init(params: Any) -> ScaleByBFGSState:
         units, treedef = _units(params)

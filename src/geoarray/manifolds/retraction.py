@@ -1,0 +1,128 @@
+"""The retraction of g^hor through a small kernel (Brantner's paper, Appendix C, eqs. 19–21).
+
+For W = [[A, −B̃], [B, 0]] ∈ g^hor (B̃ = Bᵀ on Stiefel and Grassmann, the symplectic inverse B⁺ on
+the symplectic Stiefel manifold) write W = B′B″ᵀ with B′ = [[½A, I], [B, 0]], B″ᵀ = [[I, 0], [½A, −B̃]].
+Then with the k×k Gram block G = B̃B and the 2k×2k matrix X = B″ᵀB′ = [[½A, I], [¼A² − G, ½A]],
+
+    exp(W)E = E + B′ φ₁(X) [I; ½A],        Cay(W)E = E + B′ (I − ½X)⁻¹ [I; ½A],
+
+with φ₁(X) = (e^X − I)X⁻¹ = Σ X^k/(k+1)!. Only 2k×2k matrices are exponentiated or solved, so a
+step costs O(N·k²). Stiefel, Grassmann (A = 0) and symplectic Stiefel share these kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import _backend, linalg
+from .._backend import device as _device
+
+__all__ = ["phi1", "retract_e", "retraction_kernel", "x_matrix"]
+
+Array = Any
+
+# φ₁ Taylor polynomial of degree 19 in Paterson–Stockmeyer form (chunks of 5: 4 + 3 matmuls); on
+# ‖X‖₁ ≤ θ = 1 its truncation error is Σ_{k≥20} 1/(k+1)! ≈ 2e-20, below unit roundoff.
+_PHI1_CHUNK = 5
+_PHI1_DEGREE = 19
+_PHI1_THETA = 1.0
+_PHI1_COEFFS = tuple(1.0 / math.factorial(k + 1) for k in range(_PHI1_DEGREE + 1))
+
+
+def _norm1(X: Array, xp: Any) -> Array:
+    return xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
+
+
+def _phi1_taylor(X: Array, xp: Any) -> Array:
+    """Σ_{k≤19} X^k/(k+1)! by Paterson–Stockmeyer: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)), deg qⱼ ≤ 4."""
+    eye = linalg.eye(X.shape[-1], X)
+    powers = [eye, X]
+    for _ in range(2, _PHI1_CHUNK + 1):
+        powers.append(powers[-1] @ X)
+    top = powers.pop()  # X⁵
+    c = _PHI1_COEFFS
+    chunks = [
+        sum(c[j * _PHI1_CHUNK + i] * powers[i] for i in range(_PHI1_CHUNK))
+        for j in range((_PHI1_DEGREE + 1) // _PHI1_CHUNK)
+    ]
+    U = chunks[-1]
+    for q in reversed(chunks[:-1]):
+        U = q + top @ U
+    return U
+
+
+def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
+    """φ₁(X) = Σ_k X^k/(k+1)! = (e^X − I)X⁻¹ by balancing, scaling and doubling.
+
+    Balancing: for X = [[X₁₁, X₁₂], [X₂₁, X₂₂]] (equal halves) φ₁(X) = D φ₁(D⁻¹XD) D⁻¹ with
+    D = diag(I, αI), α = (‖X₂₁‖/‖X₁₂‖)^½. The kernels of the retractions have X₁₂ = I and
+    X₂₁ = O(‖W‖²), so balancing makes ‖D⁻¹XD‖ = O(‖W‖) and optimizer-sized steps need no doubling.
+    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ 1, the degree-19 Taylor polynomial gives φ₁(X_s)
+    to unit roundoff, and φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
+    """
+    m = X.shape[-1]
+    balance = m % 2 == 0 and m > 0
+    if balance:
+        h = m // 2
+        n12, n21 = _norm1(X[..., :h, h:], xp), _norm1(X[..., h:, :h], xp)
+        ok = xp.logical_and(n12 > 0, n21 > 0)
+        alpha = xp.where(ok, xp.sqrt(n21 / xp.where(ok, n12, xp.ones_like(n12))), xp.ones_like(n12))[..., None, None]
+        X = xp.concat(
+            [xp.concat([X[..., :h, :h], alpha * X[..., :h, h:]], axis=-1),
+             xp.concat([X[..., h:, :h] / alpha, X[..., h:, h:]], axis=-1)],
+            axis=-2,
+        )  # fmt: skip
+    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
+    s = xp.ceil(xp.log2(xp.maximum(_norm1(X, xp) / _PHI1_THETA, one)))
+    s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
+    Xs = X / xp.pow(2.0, s)[..., None, None]
+    U = _phi1_taylor(Xs, xp)
+
+    def double(k, carry):
+        U, Xk = carry
+        active = (s > k)[..., None, None]
+        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
+
+    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
+    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
+    U = xp.where((s > max_doublings)[..., None, None], nan, U)
+    if balance:
+        U = xp.concat(
+            [xp.concat([U[..., :h, :h], U[..., :h, h:] / alpha], axis=-1),
+             xp.concat([alpha * U[..., h:, :h], U[..., h:, h:]], axis=-1)],
+            axis=-2,
+        )  # fmt: skip
+    return U
+
+
+def x_matrix(halfA: Array, gram: Array, xp: Any) -> Array:
+    """X = B″ᵀB′ = [[½A, I], [¼A² − G, ½A]] for the Gram block G = B̃B (module docstring)."""
+    k = halfA.shape[-1]
+    eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
+    top = xp.concat([halfA, eye], axis=-1)
+    bottom = xp.concat([halfA @ halfA - gram, halfA], axis=-1)
+    return xp.concat([top, bottom], axis=-2)
+
+
+def retraction_kernel(halfA: Array, gram: Array, xp: Any, method: str, max_doublings: int) -> Array:
+    """K with g(W) = I + B′ K B″ᵀ: φ₁(X) (``"geodesic"``) or (I − ½X)⁻¹ (``"cayley"``)."""
+    X = x_matrix(halfA, gram, xp)
+    if method == "geodesic":
+        return phi1(X, xp, max_doublings)
+    eye = linalg.eye(X.shape[-1], X)
+    return xp.linalg.solve(eye - X / 2, xp.broadcast_to(eye, X.shape))
+
+
+def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
+    """The two row blocks of g(W)E: E-rows I + ½A·D₁ + D₂ (k×k) and the other rows B·D₁, where
+    D = φ₁(X)[I; ½A] (geodesic) or (I − ½X)⁻¹[I; ½A] (Cayley)."""
+    k = halfA.shape[-1]
+    eye = linalg.eye(k, halfA)
+    c = xp.concat([xp.broadcast_to(eye, halfA.shape), halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
+    if method == "geodesic":
+        D = phi1(x_matrix(halfA, gram, xp), xp, max_doublings) @ c
+    else:
+        D = xp.linalg.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c)
+    D_top, D_bot = D[..., :k, :], D[..., k:, :]
+    return eye + halfA @ D_top + D_bot, B @ D_top
