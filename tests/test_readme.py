@@ -7,8 +7,6 @@ import io
 import re
 from pathlib import Path
 
-import pytest
-
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -16,13 +14,14 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
 
 
-def test_readme_python_blocks_run_and_print_true(backend):
-    if backend.kind != "numpy":
-        pytest.skip("the README tour is written with NumPy arrays; it runs once, in the numpy session")
+def test_readme_python_blocks_run_and_print_true(backend, xp):
+    """The tour, with its ``xp = np`` line pointed at the backend under test, prints what it claims."""
     blocks = _python_blocks()
     assert blocks, "README has no python blocks"
-    namespace = {"__name__": "readme"}  # the tour is one session: later blocks use earlier names
+    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) == 1, "the tour sets xp = np once"
+    namespace = {"__name__": "readme", "_xp_under_test": xp}  # one session: later blocks use earlier names
     for block in blocks:
+        block = re.sub(r"^xp = np\b.*$", "xp = _xp_under_test", block, flags=re.M)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(block, str(README), "exec"), namespace)
