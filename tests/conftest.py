@@ -24,7 +24,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config._geoarray_backend = load_backend(config.getoption("--backend"))
+    name = config.getoption("--backend")
+    if name not in BACKENDS:  # argparse checks --backend, not a default read from GEOARRAY_BACKEND
+        raise pytest.UsageError(f"GEOARRAY_BACKEND={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+    config._geoarray_backend = load_backend(name)
 
 
 def pytest_report_header(config):

@@ -193,6 +193,11 @@ def _np_generic() -> type:
     return np.generic
 
 
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for ``numpy.float32``, ``torch.float32``, ``array_api_strict.float32``, … (for messages)."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
 def index_dtype(xp: Namespace) -> Any:
     """The integer dtype of counters: int32 under JAX (int64 needs jax_enable_x64), int64 elsewhere."""
     return xp.int32 if is_jax(xp) else xp.int64
@@ -214,9 +219,13 @@ def from_host_like(host: Any, like: Array) -> Array:
 
 
 def is_traced(x: Any) -> bool:
-    """True for a JAX tracer (inside ``jax.jit``/``vmap``): its values cannot be read on the host."""
+    """True inside ``jax.jit``/``vmap`` (x is a tracer) or while ``torch.compile`` traces: values cannot be
+    read on the host there."""
     jax = sys.modules.get("jax")
-    return jax is not None and isinstance(x, jax.core.Tracer)
+    if jax is not None and isinstance(x, jax.core.Tracer):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import abc
 import operator
 from typing import Any
 
+from .. import _backend
 from .._backend import array_namespace, check_real_floating
 
 __all__ = ["Manifold"]
@@ -116,12 +117,37 @@ class Manifold(abc.ABC):
         return strategy
 
     def _namespace(self, **arrays: Array) -> Any:
-        """The namespace of the named arrays; each must have a real floating dtype."""
-        xp = array_namespace(**arrays)
+        """The namespace of the named arrays, which must agree in library, dtype (real floating) and
+        device. Static checks only: no value is read, so jitted callers pay nothing."""
         for name, a in arrays.items():
-            if a is not None:
-                check_real_floating(a, name, xp)
+            if a is None:
+                raise TypeError(f"{name} must be an array for {self!r}, got None")
+        xp = array_namespace(**arrays)
+        first_name, first = next(iter(arrays.items()))
+        for name, a in arrays.items():
+            check_real_floating(a, name, xp)
+            if a.dtype != first.dtype:
+                raise TypeError(
+                    f"{name} has dtype {_backend.dtype_name(a.dtype)} but {first_name} has "
+                    f"{_backend.dtype_name(first.dtype)}: {self!r} does not promote "
+                    "silently; cast one of them"
+                )
+            if _backend.device(a) != _backend.device(first):
+                raise ValueError(
+                    f"{name} is on device {_backend.device(a)} but {first_name} on {_backend.device(first)}; "
+                    "move them to one device"
+                )
         return xp
+
+    @staticmethod
+    def _check_batch(x: Array, x_name: str, y: Array, y_name: str, core: int) -> None:
+        """The leading (batch) shapes of x and y, before their last ``core`` axes, must broadcast."""
+        bx, by = tuple(x.shape[: x.ndim - core]), tuple(y.shape[: y.ndim - core])
+        for dx, dy in zip(reversed(bx), reversed(by), strict=False):
+            if dx != dy and 1 not in (dx, dy):
+                raise ValueError(
+                    f"{y_name} has batch shape {by}, which does not broadcast with the batch shape {bx} of {x_name}"
+                )
 
     def _check_trailing(self, x: Array, name: str, trailing: tuple[int, ...]) -> None:
         k = len(trailing)
@@ -142,6 +168,7 @@ class Manifold(abc.ABC):
         xp = self._namespace(Y=Y, **{name: D})
         if self.point_shape is not None:
             self._check_trailing(D, name, self.point_shape)
+            self._check_batch(Y, "Y", D, name, len(self.point_shape))
         elif tuple(D.shape) != tuple(Y.shape):
             raise ValueError(f"{name} must have the shape of Y {tuple(Y.shape)}, got {tuple(D.shape)}")
         return xp

@@ -69,12 +69,6 @@ class MultiHeadAttention(Layer):
             raise ValueError(f"MultiHeadAttention: scale must be a positive finite number, got {scale!r}")
         self.scale = float(scale)
 
-    def __repr__(self) -> str:
-        extra = "" if self.stiefel else ", stiefel=False"
-        extra += "" if self.add_connection else ", add_connection=False"
-        extra += "" if self.scale == 1.0 else f", scale={self.scale!r}"
-        return f"MultiHeadAttention({self.dim}, {self.n_heads}{extra})"
-
     def _shapes(self) -> dict[str, tuple[int, int, int]]:
         return dict.fromkeys(_KEYS, (self.n_heads, self.dim, self.head_dim))
 

@@ -15,10 +15,12 @@ batch dimensions of ``x`` are vectorised; parameter gradients are summed over th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from .. import random as _random
+from .activations import Activation
 
 __all__ = ["Chain", "Layer"]
 
@@ -28,6 +30,18 @@ Pullback = Callable[[Array], tuple[Any, Array]]
 
 class Layer:
     """Base class of all layers (see the module docstring for the contract)."""
+
+    def __repr__(self) -> str:
+        """``Name(arg=value, ...)`` for every constructor argument the layer stores under its own name."""
+        parts = []
+        for name, param in inspect.signature(type(self).__init__).parameters.items():
+            if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or not hasattr(self, name):
+                continue
+            value = getattr(self, name)
+            parts.append(
+                f"{name}={getattr(value, 'name', value)!r}" if isinstance(value, Activation) else f"{name}={value!r}"
+            )
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> Any:
         raise NotImplementedError

@@ -34,10 +34,6 @@ class ClassificationLayer(Layer):
         self.average = bool(average)
         self.logits = bool(logits)
 
-    def __repr__(self) -> str:
-        extra = (", average=True" if self.average else "") + (", logits=True" if self.logits else "")
-        return f"ClassificationLayer({self.dim}, {self.n_classes}{extra})"
-
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         return {"W": (self.n_classes, self.dim)}
 

@@ -89,10 +89,6 @@ class Dense(_Affine):
     def __init__(self, in_dim: int, out_dim: int, activation: Any = "identity", *, use_bias: bool = True):
         super().__init__(in_dim, out_dim, activation, use_bias)
 
-    def __repr__(self) -> str:
-        bias = "" if self.use_bias else ", use_bias=False"
-        return f"Dense({self.in_dim}, {self.out_dim}, {self.activation.name!r}{bias})"
-
 
 class ResNetLayer(_Affine):
     """x ↦ x + σ(Wx + b), W ∈ R^{dim×dim}: the feed-forward block with add connection (eq. 15 of Brantner's paper).
@@ -110,7 +106,3 @@ class ResNetLayer(_Affine):
     @property
     def dim(self) -> int:
         return self.in_dim
-
-    def __repr__(self) -> str:
-        bias = "" if self.use_bias else ", use_bias=False"
-        return f"ResNetLayer({self.dim}, {self.activation.name!r}{bias})"

@@ -51,9 +51,6 @@ class StiefelLayer(_FrameLayer):
         super().__init__(N, n)
         self.transpose = bool(transpose)
 
-    def __repr__(self) -> str:
-        return f"StiefelLayer({self.N}, {self.n}{', transpose=True' if self.transpose else ''})"
-
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array]:
         check_params(self, params, {"Y": (self.N, self.n)})
         xp = check_input(self, x, self.N if self.transpose else self.n, params=params)
@@ -89,9 +86,6 @@ class GrassmannLayer(_FrameLayer):
     """
 
     manifold_type = Grassmann
-
-    def __repr__(self) -> str:
-        return f"GrassmannLayer({self.N}, {self.n})"
 
     def _forward(self, params: Any, x: Array) -> tuple[Any, Array, Array]:
         check_params(self, params, {"Y": (self.N, self.n)})

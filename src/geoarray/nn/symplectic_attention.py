@@ -62,9 +62,6 @@ class _LinearSymplecticAttention(_SymplecticShear):
         self.dim = check_even_size(dim, "dim")
         self.seq_len = check_size(seq_len, "seq_len")
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim}, {self.seq_len})"
-
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """A symmetric, entries ~ N(0, 1/T) before symmetrisation."""
         xp = _backend.as_namespace(xp)
@@ -149,9 +146,6 @@ class _SymplecticAttention(_SymplecticShear):
             raise ValueError(f"softmax must be one of {_SOFTMAX}, got {softmax!r}")
         self.symmetric = symmetric
         self.softmax = softmax
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim}, symmetric={self.symmetric}, softmax={self.softmax!r})"
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """A (k×k) ~ N(0, 1/k²), symmetrised when ``symmetric``: C = s A sᵀ is O(1) for unit-scale s."""

@@ -114,9 +114,6 @@ class _Shear(_PointwiseLayer):
 
         return y, pullback
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim})"
-
 
 # --------------------------------------------------------------------------------------------
 # gradient layers
@@ -129,9 +126,6 @@ class _GradientLayer(_Shear):
         self.upscale = check_size(upscale, "upscale")
         self.activation = get_activation(activation)
         self._shapes = {"K": (self.upscale, self.k), "a": (self.upscale,), "b": (self.upscale,)}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim}, {self.upscale}, {self.activation.name!r})"
 
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """K ~ N(0, 1/k), a ~ N(0, 1/upscale), b = 0."""
@@ -240,9 +234,6 @@ class _ActivationLayer(_Shear):
         self.activation = get_activation(activation)
         self._shapes = {"a": (self.k,)}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim}, {self.activation.name!r})"
-
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """a ~ N(0, 1/k)."""
         k = self.k
@@ -290,9 +281,6 @@ class BiasLayer(_PointwiseLayer):
         self.in_dim = self.dim
         self._shapes = {"b": (self.dim,)}
 
-    def __repr__(self) -> str:
-        return f"BiasLayer({self.dim})"
-
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         _random.generator(seed)  # the seed is unused, but a bad one is still an error
         return {"b": zeros((self.dim,), xp=xp, dtype=dtype, device=device)}
@@ -336,9 +324,6 @@ class PSDLayer(_PointwiseLayer):
         self.N = max(self.in_dim, self.out_dim) // 2
         self.n = min(self.in_dim, self.out_dim) // 2
         self._shapes = {"Phi": (self.N, self.n)}
-
-    def __repr__(self) -> str:
-        return f"PSDLayer({self.in_dim}, {self.out_dim})"
 
     def manifolds(self) -> dict:
         return {"Phi": Stiefel(self.N, self.n)}

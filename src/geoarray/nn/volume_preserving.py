@@ -74,9 +74,6 @@ class VolumePreservingAttention(Layer):
             raise TypeError(f"skew_sym must be a bool, got {skew_sym!r}")
         self.skew_sym = skew_sym
 
-    def __repr__(self) -> str:
-        return f"VolumePreservingAttention({self.dim}, {self.seq_len}, skew_sym={self.skew_sym})"
-
     def init(self, seed: Any, *, xp: Any, dtype: Any = None, device: Any = None) -> dict:
         """A ~ N(0, 1/dim²) (projected to skew when ``skew_sym``), so that C = x A xᵀ is O(1) for unit-scale x."""
         xp = _backend.as_namespace(xp)
@@ -167,9 +164,6 @@ class _VolumePreservingTriangularLayer(Layer):
         if not isinstance(use_bias, bool):
             raise TypeError(f"use_bias must be a bool, got {use_bias!r}")
         self.use_bias = use_bias
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dim}, {self.activation.name!r}, use_bias={self.use_bias})"
 
     def _mask(self, W: Array, xp: Any) -> Array:
         return xp.tril(W, k=-1) if self._lower else xp.triu(W, k=1)

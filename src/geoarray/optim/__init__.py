@@ -18,7 +18,7 @@ bit-exactly.
 
 from . import schedules, transforms
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
-from .riemannian import RiemannianOptimizer, RiemannianState, riemannian
+from .riemannian import NonFiniteGradientWarning, RiemannianOptimizer, RiemannianState, riemannian
 from .state import load_state, save_state
 from .transforms import (
     GradientTransformation,
@@ -43,6 +43,7 @@ __all__ = [
     "Gradient",
     "GradientTransformation",
     "Momentum",
+    "NonFiniteGradientWarning",
     "OptState",
     "Optimizer",
     "RiemannianOptimizer",

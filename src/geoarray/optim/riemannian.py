@@ -34,8 +34,10 @@ Stiefel(49, 7) projections of the paper's vision transformer), and all Euclidean
 and device are raveled into one vector, so a step costs a fixed number of array operations instead of
 one set per leaf. The user sees their own tree; the transform's state is stored per group.
 
-**Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default) leaves parameters, transform state
-and sections unchanged for that step and counts it in ``state.skipped`` (traceable); ``"raise"``
+**Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
+parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
+(traceable); eager updates warn once (:class:`NonFiniteGradientWarning`) when they find skipped steps,
+checking at update calls 1, 2, 4, 8, … so that the check costs O(log steps) host reads; ``"raise"``
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
 ``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers).
 
@@ -48,6 +50,7 @@ state itself is an ordinary pytree of arrays — a NamedTuple that optree, ``jax
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -60,12 +63,16 @@ from ..manifolds.base import Manifold
 from ..manifolds.euclidean import Euclidean
 from .transforms import GradientTransformation
 
-__all__ = ["NoSection", "RiemannianOptimizer", "RiemannianState", "riemannian"]
+__all__ = ["NoSection", "NonFiniteGradientWarning", "RiemannianOptimizer", "RiemannianState", "riemannian"]
 
 Array = Any
 _POLICIES = ("skip", "raise", "ignore")
 _SECTIONS = ("householder", "transported", "random")
 _RETRACTIONS = ("geodesic", "cayley")
+
+
+class NonFiniteGradientWarning(UserWarning):
+    """Some optimizer updates were skipped because a gradient was not finite (``on_nonfinite="skip"``)."""
 
 
 class NoSection(NamedTuple):
@@ -162,6 +169,8 @@ class RiemannianOptimizer:
         self.group_same_shape = bool(group_same_shape)
         self.seed = seed
         self._layout: Layout | None = None
+        self._eager_updates = 0  # for the non-finite warning's sparse checks (module docstring)
+        self._warned_nonfinite = False
 
     def __repr__(self) -> str:
         opts = [f"section={self.section!r}"] if self.section else []
@@ -287,6 +296,12 @@ class RiemannianOptimizer:
                 raise ValueError(
                     f"{path} has shape {tuple(leaf.shape)}, which does not end in {tuple(shape)} as {m!r} needs"
                 )
+            # one host read per leaf, at init only (never inside a step, never under tracing)
+            if not isinstance(m, Euclidean) and not _backend.is_traced(leaf) and not m.is_point(leaf):
+                raise ValueError(
+                    f"{path} is not a point of {m!r} (M.is_point at its default tolerance); start from a point "
+                    "of the manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
+                )
         groups = self._make_groups(leaves, mans, paths)
         device = _backend.device(leaves[0])
         step = xp.zeros((), dtype=_backend.index_dtype(xp), device=device)
@@ -326,7 +341,14 @@ class RiemannianOptimizer:
             if tuple(g.shape) != tuple(p.shape):
                 raise ValueError(f"grad of {path} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
             if g.dtype != p.dtype:
-                raise TypeError(f"grad of {path} has dtype {g.dtype}, the parameter {p.dtype}")
+                raise TypeError(
+                    f"grad of {path} has dtype {_backend.dtype_name(g.dtype)}, the parameter "
+                    f"{_backend.dtype_name(p.dtype)}"
+                )
+            if _backend.device(g) != _backend.device(p):
+                raise ValueError(
+                    f"grad of {path} is on device {_backend.device(g)}, the parameter on {_backend.device(p)}"
+                )
         if len(state.sections) != len(layout.groups):
             raise ValueError(
                 f"state has {len(state.sections)} parameter groups, this optimizer's layout {len(layout.groups)}: "
@@ -399,7 +421,28 @@ class RiemannianOptimizer:
                 optree.tree_map(keep, new_state.inner, state.inner),
                 optree.tree_map(keep, new_state.sections, state.sections),
             )
+        if finite is not None:
+            self._warn_if_skipped(new_state)
         return optree.tree_unflatten(layout.treedef, new_leaves), new_state
+
+    def _warn_if_skipped(self, state: RiemannianState) -> None:
+        """Warn once if steps were skipped; reads ``state.skipped`` at eager calls 1, 2, 4, 8, … only,
+        so a run pays O(log steps) host reads and jitted or compiled updates none."""
+        if self._warned_nonfinite or _backend.is_traced(state.skipped):
+            return
+        self._eager_updates += 1
+        if self._eager_updates & (self._eager_updates - 1):
+            return
+        skipped = int(state.skipped)
+        if skipped:
+            self._warned_nonfinite = True
+            warnings.warn(
+                f"{skipped} of {int(state.step) + skipped} optimizer updates were skipped because a gradient was not "
+                "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
+                "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
+                NonFiniteGradientWarning,
+                stacklevel=3,
+            )
 
 
 def riemannian(

@@ -41,7 +41,7 @@ def state_leaves(state: Any) -> tuple[list, Any]:
 
 
 def _dtype_name(x: Any) -> str:
-    return str(x.dtype).rsplit(".", 1)[-1]
+    return _backend.dtype_name(x.dtype)
 
 
 def _meta(state: Any, leaves: list, treedef: Any, optimizer: Any) -> dict:

@@ -1,0 +1,133 @@
+"""First contact: lazy submodules, clear errors for mixed inputs (nothing changed), visible skipped steps,
+readable layer reprs, a clear line for a wrong backend name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import to_numpy
+from geoarray import nn, optim
+from geoarray.manifolds import Grassmann, Stiefel, SymplecticStiefel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_public_submodules_are_lazy_attributes():
+    code = (
+        "import sys, geoarray as ga\n"
+        "assert not {'torch', 'jax', 'geoarray.nn'} & set(sys.modules), sorted(sys.modules)\n"
+        "assert ga.nn.Chain is not None and 'geoarray.nn' in sys.modules\n"
+        "assert 'nn' in dir(ga)\n"
+        "try:\n    ga.no_such_module\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "has no attribute 'no_such_module'" in out.stdout
+
+
+def _snapshot(*arrays):
+    return [to_numpy(a).copy() for a in arrays]
+
+
+@pytest.mark.parametrize("kind", [Stiefel, Grassmann])
+def test_mixed_dtypes_shapes_and_missing_arrays_raise_naming_the_argument(xp, device, kind):
+    M = kind(8, 3)
+    Y = M.random(0, xp=xp, batch_shape=(4,), device=device)
+    G = geoarray.random.normal(1, (4, 8, 3), xp=xp, device=device)
+    before = _snapshot(Y, G)
+    with pytest.raises(TypeError, match=r"dL has dtype float32 but Y has float64"):
+        M.rgrad(Y, xp.astype(G, xp.float32))
+    with pytest.raises(ValueError, match=r"dL has batch shape \(3,\), which does not broadcast with the batch shape"):
+        M.rgrad(Y, G[:3, ...])
+    with pytest.raises(TypeError, match="dL must be an array"):
+        M.rgrad(Y, None)
+    with pytest.raises(ValueError, match=r"dL must have trailing shape \(8, 3\)"):
+        M.rgrad(Y, G[..., :2])
+    lam = M.global_section(Y)
+    with pytest.raises(TypeError, match="D has dtype float32"):
+        M.global_rep(lam, xp.astype(G, xp.float32))
+    for a, b in zip(_snapshot(Y, G), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_symplectic_stiefel_checks_dtypes_too(xp, device):
+    M = SymplecticStiefel(8, 4)
+    Y = M.random(0, xp=xp, device=device)
+    with pytest.raises(TypeError, match="dL has dtype float32 but Y has float64"):
+        M.rgrad(Y, xp.astype(Y, xp.float32))
+
+
+def test_optimizer_refuses_a_starting_point_off_the_manifold(xp, device):
+    M = Stiefel(6, 2)
+    bad = 1.01 * M.random(0, xp=xp, device=device)
+    opt = optim.Adam()
+    with pytest.raises(ValueError, match=r"params\['Y'\] is not a point of Stiefel\(6, 2\)"):
+        opt.init({"Y": bad, "b": xp.zeros(2, device=device)}, {"Y": M, "b": None})
+    with pytest.raises(RuntimeError, match="has not been initialised"):
+        opt.layout  # noqa: B018  (nothing was recorded)
+
+
+def test_skipped_steps_warn_once_and_are_counted(xp, device):
+    M = Stiefel(6, 2)
+    params = {"Y": M.random(0, xp=xp, device=device), "b": xp.zeros(2, device=device)}
+    mans = {"Y": M, "b": None}
+    good = {"Y": xp.ones_like(params["Y"]), "b": xp.ones_like(params["b"])}
+    bad = {"Y": good["Y"], "b": good["b"] * float("nan")}
+    opt = optim.Adam(1e-2)
+    state = opt.init(params, mans)
+    with pytest.warns(optim.NonFiniteGradientWarning, match="1 of 1 optimizer updates were skipped") as record:
+        p, state = opt.update(params, bad, state)
+        for _ in range(5):
+            p, state = opt.update(p, good, state)
+        p, state = opt.update(p, bad, state)
+        p, state = opt.update(p, good, state)
+    assert len(record) == 1
+    assert int(state.skipped) == 2 and int(state.step) == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clean = optim.Adam(1e-2)
+        s = clean.init(params, mans)
+        for _ in range(4):
+            params, s = clean.update(params, good, s)  # finite gradients: no warning
+
+
+def test_update_refuses_gradients_on_another_device_or_dtype_and_changes_nothing(xp, device):
+    M = Stiefel(6, 2)
+    params = {"Y": M.random(0, xp=xp, device=device)}
+    opt = optim.Adam()
+    state = opt.init(params, {"Y": M})
+    before = [to_numpy(x).copy() for x in optree.tree_leaves((params, state))]
+    with pytest.raises(TypeError, match=r"grad of params\['Y'\] has dtype float32"):
+        opt.update(params, {"Y": xp.astype(params["Y"], xp.float32)}, state)
+    for a, b in zip(optree.tree_leaves((params, state)), before, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), b)
+
+
+def test_layer_reprs_name_their_arguments():
+    assert repr(nn.VolumePreservingAttention(6)) == "VolumePreservingAttention(dim=6, seq_len=None, skew_sym=True)"
+    assert repr(nn.Dense(3, 4, "tanh")) == "Dense(in_dim=3, out_dim=4, activation='tanh', use_bias=True)"
+    assert repr(nn.Chain(nn.BiasLayer(2))) == "Chain(BiasLayer(dim=2))"
+
+
+def test_a_wrong_backend_name_is_one_line_not_an_internal_error():
+    env = {**os.environ, "GEOARRAY_BACKEND": "numpi"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_random.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 4, text
+    assert "INTERNALERROR" not in text and "Traceback" not in text
+    assert "GEOARRAY_BACKEND='numpi' is not a backend; choose one of numpy, array-api-strict, torch, jax" in text
