@@ -223,7 +223,9 @@ def test_grassmann_layer_projects_and_depends_on_the_subspace_only(xp, device):
 
 def test_wrong_input_shape_raises(xp, device):
     layer, params, _ = _setup("dense-tanh", xp, device)
-    with pytest.raises(ValueError, match=r"Dense\(4, 3, 'tanh'\): x must have shape \(\.\.\., 4\), got shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"Dense\(in_dim=4, out_dim=3, .*\): x must have shape \(\.\.\., 4\), got shape \(2, 3\)"
+    ):
         layer.apply(params, _normal(0, (2, 3), xp, device))
     cls, cparams, _ = _setup("classification-last", xp, device)
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., T, 6\), got shape \(6,\)"):

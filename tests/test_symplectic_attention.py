@@ -253,7 +253,7 @@ def test_bad_inputs_raise(xp, device):
         lin.apply({"A": random_input(xp, device, (2, 2))}, random_input(xp, device, (3, 4)))
     att = SymplecticAttentionP(4)
     with pytest.raises(
-        ValueError, match=r"SymplecticAttentionP\(4, .*\): x must have shape \(\.\.\., T, 4\), got shape \(3, 6\)"
+        ValueError, match=r"SymplecticAttentionP\(dim=4, .*\): x must have shape \(\.\.\., T, 4\), got shape \(3, 6\)"
     ):
         att.apply(att.init(0, xp=xp, device=device), random_input(xp, device, (3, 6)))
     with pytest.raises(ValueError, match=r"params\['A'\] must have shape \(2, 2\), got shape \(4, 4\)"):

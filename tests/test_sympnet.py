@@ -251,7 +251,8 @@ def test_bad_inputs_raise(xp, device):
     layer = GradientLayerQ(D, M)
     params = layer.init(0, xp=xp, device=device)
     with pytest.raises(
-        ValueError, match=r"GradientLayerQ\(6, 5, 'tanh'\): x must have shape \(\.\.\., 6\), got shape \(2, 3, 4\)"
+        ValueError,
+        match=r"GradientLayerQ\(dim=6, upscale=5, activation='tanh'\): x must have shape \(\.\.\., 6\), got shape \(2, 3, 4\)",
     ):
         layer.apply(params, _x(xp, device, 4))
     bad = {**params, "K": random.normal(0, (M, 2), xp=xp, device=device)}
