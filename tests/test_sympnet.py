@@ -252,7 +252,8 @@ def test_bad_inputs_raise(xp, device):
     params = layer.init(0, xp=xp, device=device)
     with pytest.raises(
         ValueError,
-        match=r"GradientLayerQ\(dim=6, upscale=5, activation='tanh'\): x must have shape \(\.\.\., 6\), got shape \(2, 3, 4\)",
+        match=r"GradientLayerQ\(dim=6, upscale=5, activation='tanh'\): x must have shape \(\.\.\., 6\), "
+        r"got shape \(2, 3, 4\)",
     ):
         layer.apply(params, _x(xp, device, 4))
     bad = {**params, "K": random.normal(0, (M, 2), xp=xp, device=device)}
