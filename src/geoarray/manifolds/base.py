@@ -33,7 +33,7 @@ __all__ = ["Manifold"]
 
 Array = Any
 
-_SECTIONS = ("householder", "random", "transported")
+_SECTIONS = ("householder", "random", "transported", "rotated")
 _RETRACTIONS = ("geodesic", "cayley")
 
 

@@ -163,10 +163,34 @@ class OrthonormalFrames(Manifold):
             Qperp = Qperp - Y @ (xp.matrix_transpose(Y) @ Qperp)
             Qperp, _ = xp.linalg.qr(Qperp)
             return DenseSection(Y, Qperp)
-        lam = HouseholderSection.of(Y)
+        lam = HouseholderSection.of(Y)  # "householder" and "rotated" (which re-expresses caches between steps)
         if strategy == "transported":
             return DenseSection.from_householder(lam)
         return lam
+
+    def reframe(self, lam_old: Any, W: Any, lam_new: Any, B: Array, method: str | None = None) -> Array:
+        """The B-block of a g^hor element of frame λ_old, re-expressed in the frame λ_new of the next point.
+
+        After a step Y' = λ_old·g(W)·E the frame carried along is Λ = λ_old·g(W) (what the
+        ``"transported"`` strategy stores) and the new Householder frame is λ_new = [Y', Q⊥(Y')];
+        both have the first n columns Y', so λ_newᵀΛ = diag(I, S) with S = Q⊥(Y')ᵀΛ[:, n:] ∈ O(N−n)
+        and an element [[A, −Bᵀ], [B, 0]] becomes [[A, −(SB)ᵀ], [SB, 0]]. S is never formed:
+        S·B = Q⊥(Y')ᵀ·λ_old·g(W)·[0; B] through the low-rank g(W) = I + B′KB″ᵀ and the compact-WY
+        sections, O(N·n·k) for B of k columns. ``method`` must be the retraction the step used.
+        """
+        xp = self._check_horizontal(W)
+        method = self._method(method)
+        n = self.n
+        halfA, BW = self._half_a(W, xp), W.B
+        K = retraction_kernel(halfA, xp.matrix_transpose(BW) @ BW, xp, method, self.max_doublings)
+        # g(W)[0; B] = [0; B] + B′ K B″ᵀ[0; B] with B″ᵀ[0; B] = [0; −B_Wᵀ B]
+        c = xp.concat(
+            [xp.zeros((*B.shape[:-2], n, B.shape[-1]), dtype=B.dtype, device=_device(B)), -xp.matrix_transpose(BW) @ B],
+            axis=-2,
+        )
+        D = K @ c
+        moved = xp.concat([halfA @ D[..., :n, :] + D[..., n:, :], B + BW @ D[..., :n, :]], axis=-2)
+        return lam_new.perp_t(self.apply_section(lam_old, moved))
 
     def _method(self, method: str | None) -> str:
         return self.retraction_method if method is None else _check_choice(method, "method", _RETRACTIONS)

@@ -20,6 +20,12 @@ depend on them (the retracted point does not):
 
 * ``"householder"`` — λ(Y) recomputed from Y at every step: deterministic, O(N·n²) work and O(N·n)
   memory; the frame jumps where a Householder pivot changes sign.
+* ``"rotated"`` — the Householder frame, with the transform's state re-expressed in each new frame
+  (B ← S·B with S = Q⊥(Y_{t+1})ᵀ·(λ_t·exp(W_t))[:, n:], applied through the WY form and the low-rank
+  exp(W), never formed): O(N·n²) work and O(N·n) memory like ``"householder"``, while linear caches
+  (momentum, Adam's first moment) follow the transported frame exactly; Adam's second moment is
+  rotated through its square root, exact for the signed permutations of a Householder pivot flip.
+  Needs a transform with a ``reframe`` rule (geoarray's have one; optax's do not).
 * ``"transported"`` — created in ``init`` and carried as Λ ← Λ·exp(W) (GeometricMachineLearning.jl):
   a frame that moves with the weights; dense N×N per weight, O(N²·n) per step.
 * ``"random"`` — Algorithm 2 at every step, seeded from (``seed``, step, group); draws on the host,
@@ -63,11 +69,18 @@ from ..manifolds.base import Manifold
 from ..manifolds.euclidean import Euclidean
 from .transforms import GradientTransformation
 
-__all__ = ["NoSection", "NonFiniteGradientWarning", "RiemannianOptimizer", "RiemannianState", "riemannian"]
+__all__ = [
+    "NoSection",
+    "NonFiniteGradientWarning",
+    "RiemannianOptimizer",
+    "RiemannianState",
+    "RotatedFrame",
+    "riemannian",
+]
 
 Array = Any
 _POLICIES = ("skip", "raise", "ignore")
-_SECTIONS = ("householder", "transported", "random")
+_SECTIONS = ("householder", "rotated", "transported", "random")
 _RETRACTIONS = ("geodesic", "cayley")
 
 
@@ -80,13 +93,20 @@ class NoSection(NamedTuple):
     ``torch.utils._pytree``."""
 
 
+class RotatedFrame(NamedTuple):
+    """What the ``"rotated"`` strategy carries to the next step: the section and the velocity of this one."""
+
+    section: Any
+    velocity: Any
+
+
 class RiemannianState(NamedTuple):
     """The optimizer state: arrays only (an ordinary pytree)."""
 
     step: Array  # steps taken (an integer 0-d array on the parameters' device)
     skipped: Array  # updates skipped because a gradient was not finite
     inner: Any  # the transform's state, over the tuple of lifted parameter groups
-    sections: tuple  # per group: the carried section ("transported") or NoSection()
+    sections: tuple  # per group: the carried section ("transported"), RotatedFrame ("rotated") or NoSection()
 
 
 @dataclass(frozen=True)
@@ -303,6 +323,11 @@ class RiemannianOptimizer:
                     "of the manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
                 )
         groups = self._make_groups(leaves, mans, paths)
+        if any(g.section == "rotated" for g in groups) and getattr(self.transform, "reframe", None) is None:
+            raise ValueError(
+                "section='rotated' re-expresses the transform's state in each new frame, but this transform has no "
+                "reframe rule (optax transforms and BFGS have none); use section='householder' or 'transported'"
+            )
         device = _backend.device(leaves[0])
         step = xp.zeros((), dtype=_backend.index_dtype(xp), device=device)
         lifted, sections = [], []
@@ -313,8 +338,14 @@ class RiemannianOptimizer:
                 lam = M.global_section(Y, strategy="random", seed=np.random.SeedSequence([self.seed, 0, g]))
             else:
                 lam = M.global_section(Y, strategy=group.section)
-            sections.append(lam if group.section == "transported" else NoSection())
-            lifted.append(M.global_rep(lam, xp.zeros_like(Y)))
+            zero = M.global_rep(lam, xp.zeros_like(Y))
+            if group.section == "transported":
+                sections.append(lam)
+            elif group.section == "rotated":
+                sections.append(RotatedFrame(lam, zero))
+            else:
+                sections.append(NoSection())
+            lifted.append(zero)
         inner = self.transform.init(tuple(lifted))
         self._layout = Layout(treedef, tuple(paths), tuple(tuple(x.shape) for x in leaves), groups)
         return RiemannianState(step, xp.zeros_like(step), inner, tuple(sections))
@@ -398,7 +429,10 @@ class RiemannianOptimizer:
                 # docstring of add_decayed_weights); on a vector space the parameter itself
                 lifted_params.append(Y if isinstance(M, Euclidean) else M.global_rep(lam, M.rgrad(Y, Y)))
         transform_params = tuple(lifted_params) if uses_params else None
-        velocity, inner = self.transform.update(tuple(lifted), state.inner, transform_params)
+        inner = state.inner
+        if any(group.section == "rotated" for group in layout.groups):
+            inner = self.transform.reframe(inner, self._rotation(layout.groups, state.sections, lams))
+        velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         new_leaves: list = [None] * len(leaves)
         new_sections = []
         for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
@@ -407,7 +441,7 @@ class RiemannianOptimizer:
                 lam_new = M.transport_section(lam, W, self.retraction)
                 Y_new = lam_new.Y
             else:
-                lam_new = NoSection()
+                lam_new = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
                 Y_new = M.apply_section(lam, M.retraction(W, self.retraction))
             self._unpack(group, Y_new, layout.shapes, xp, new_leaves)
             new_sections.append(lam_new)
@@ -424,6 +458,26 @@ class RiemannianOptimizer:
         if finite is not None:
             self._warn_if_skipped(new_state)
         return optree.tree_unflatten(layout.treedef, new_leaves), new_state
+
+    def _rotation(self, groups: tuple, carried: tuple, lams: list) -> Any:
+        """The ``rotate(tree, degree)`` of the transforms' reframe rules: each ``"rotated"`` group's
+        element moves from the frame of the previous step to ``lams[g]`` (module docstring)."""
+        xp_sqrt = lambda a: _backend.array_namespace(a).sqrt(a)  # noqa: E731
+
+        def rotate(tree: tuple, degree: int) -> tuple:
+            if degree not in (1, 2):
+                raise ValueError(f"reframe degree must be 1 (linear) or 2 (second moment), got {degree!r}")
+            out = []
+            for group, frame, lam, h in zip(groups, carried, lams, tree, strict=True):
+                if group.section != "rotated":
+                    out.append(h)
+                    continue
+                move = lambda B: group.manifold.reframe(frame.section, frame.velocity, lam, B, self.retraction)  # noqa: E731,B023
+                B = move(h.B) if degree == 1 else move(xp_sqrt(h.B)) ** 2
+                out.append(h._replace(B=B))
+            return tuple(out)
+
+        return rotate
 
     def _warn_if_skipped(self, state: RiemannianState) -> None:
         """Warn once if steps were skipped; reads ``state.skipped`` at eager calls 1, 2, 4, 8, … only,

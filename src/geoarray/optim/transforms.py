@@ -60,11 +60,18 @@ class GradientTransformation(NamedTuple):
     ``init(params) -> state`` and ``update(updates, state, params=None) -> (updates, state)``.
     ``uses_params`` says whether ``update`` reads ``params`` (the Riemannian wrapper lifts the
     parameters only for transforms that do; foreign transforms are assumed to).
+
+    ``reframe(state, rotate) -> state`` re-expresses the state in a new frame of g^hor (the
+    ``section="rotated"`` strategy of :func:`~geoarray.optim.riemannian`): ``rotate(tree, degree)``
+    maps a tree shaped like the updates to the new frame, exactly for quantities linear in the
+    gradients (``degree=1``) and for elementwise second moments (``degree=2``) through their square
+    root. ``None``: the state cannot be re-expressed (the strategy is then refused).
     """
 
     init: Callable[[Any], Any]
     update: Callable[..., tuple[Any, Any]]
     uses_params: bool = False
+    reframe: Callable[[Any, Callable[[Any, int], Any]], Any] | None = None
 
 
 class EmptyState(NamedTuple):
@@ -172,6 +179,7 @@ def chain(*transforms: Any) -> GradientTransformation:
         if not (callable(getattr(t, "init", None)) and callable(getattr(t, "update", None))):
             raise TypeError(f"chain argument {i} must be a gradient transformation (init, update), got {t!r}")
     uses_params = any(getattr(t, "uses_params", True) for t in transforms)
+    reframes = [getattr(t, "reframe", None) for t in transforms]
 
     def init(params: Any) -> tuple:
         return tuple(t.init(params) for t in transforms)
@@ -185,7 +193,15 @@ def chain(*transforms: Any) -> GradientTransformation:
             new_state.append(s)
         return updates, tuple(new_state)
 
-    return GradientTransformation(init, update, uses_params)
+    def reframe(state: tuple, rotate: Callable[[Any, int], Any]) -> tuple:
+        return tuple(r(s, rotate) for r, s in zip(reframes, state, strict=True))
+
+    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None)
+
+
+def _unchanged(state: Any, rotate: Callable[[Any, int], Any]) -> Any:
+    """The reframe rule of a transform whose state holds nothing in g^hor coordinates."""
+    return state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +262,10 @@ def scale_by_adam(
 
         return optree.tree_map(direction, mu, nu), ScaleByAdamState(_backend.as_array(count), mu, nu)
 
-    return GradientTransformation(init, update)
+    def reframe(state: ScaleByAdamState, rotate: Callable[[Any, int], Any]) -> ScaleByAdamState:
+        return ScaleByAdamState(state.count, rotate(state.mu, 1), rotate(state.nu, 2))
+
+    return GradientTransformation(init, update, reframe=reframe)
 
 
 def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
@@ -263,7 +282,10 @@ def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
         trace = optree.tree_map(lambda c, g: alpha * c + g, state.trace, updates)
         return trace, ScaleByMomentumState(trace)
 
-    return GradientTransformation(init, update)
+    def reframe(state: ScaleByMomentumState, rotate: Callable[[Any, int], Any]) -> ScaleByMomentumState:
+        return ScaleByMomentumState(rotate(state.trace, 1))
+
+    return GradientTransformation(init, update, reframe=reframe)
 
 
 def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransformation:
@@ -283,7 +305,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
             out = optree.tree_map(lambda u: -schedule(_as_float(count, u)) * u, updates)
             return out, ScaleByScheduleState(_backend.as_array(count))
 
-        return GradientTransformation(init, update)
+        return GradientTransformation(init, update, reframe=_unchanged)
 
     rate = float(as_schedule(lr)(1))
 
@@ -293,7 +315,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
         return optree.tree_map(lambda u: -rate * u, updates), state
 
-    return GradientTransformation(init_const, update_const)
+    return GradientTransformation(init_const, update_const, reframe=_unchanged)
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:
@@ -315,7 +337,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
             raise ValueError("add_decayed_weights needs params: call update(updates, state, params)")
         return optree.tree_map(lambda u, p: u + wd * p, updates, params), state
 
-    return GradientTransformation(init, update, uses_params=True)
+    return GradientTransformation(init, update, uses_params=True, reframe=_unchanged)
 
 
 def global_norm(tree: Any) -> Array:
@@ -355,7 +377,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         factor = max_norm / safe
         return optree.tree_map(lambda u: u * xp.astype(factor, u.dtype), updates), state
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(init, update, reframe=_unchanged)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,6 +429,9 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
     before the first update H is scaled to ⟨s, y⟩/⟨y, y⟩·I (Nocedal & Wright, eq. 6.20). The first
     step is a gradient step. η belongs inside the transform because s must be the step actually
     taken: the update of H is not invariant under rescaling s.
+
+    Frames: no ``reframe`` rule — s and y would rotate exactly, but H lives in the vectorised
+    coordinates and would need the dense (N−n)×(N−n) rotation; use the transported section.
     """
     schedule = as_schedule(lr)
     _check_positive(curvature_eps, "curvature_eps")
