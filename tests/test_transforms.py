@@ -376,3 +376,15 @@ def test_missing_checkpoint_is_a_file_not_found_error(xp, device, tmp_path):
     _, _, state = _trained(xp, device, optim.Adam(1e-2))
     with pytest.raises(FileNotFoundError):
         optim.load_state(tmp_path / "nope.npz", like=state)
+
+
+@pytest.mark.parametrize("section", ["householder", "transported", "random"])
+def test_fused_lift_equals_global_rep_of_rgrad(xp, device, section):
+    """M.lift(Y, λ, ∇L), the optimizer's fused operations 1–2, equals global_rep(λ, rgrad(Y, ∇L)) to 1e-13."""
+    for M in (Stiefel(9, 3), Grassmann(9, 3)):
+        Y = M.random(0, xp=xp, batch_shape=(2,), device=device)
+        G = geoarray.random.normal(1, (2, 9, 3), xp=xp, device=device)
+        lam = M.global_section(Y, strategy=section, seed=3)
+        fused, composed = M.lift(Y, lam, G), M.global_rep(lam, M.rgrad(Y, G))
+        for a, b in zip(fused, composed, strict=True):
+            assert_close(a, b, xp=xp, atol=1e-13)

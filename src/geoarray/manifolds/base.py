@@ -98,6 +98,12 @@ class Manifold(abc.ABC):
     def apply_section(self, lam: Any, X: Array) -> Array:
         """λ(Y)·X: moves a point at E to the point at Y (eq. 13)."""
 
+    def lift(self, Y: Array, lam: Any, dL: Array) -> Any:
+        """global_rep(λ, rgrad(Y, ∇L)): operations 1 and 2 of Algorithm 1 in one call.
+
+        Manifolds override it with a fused expression where the composition simplifies."""
+        return self.global_rep(lam, self.rgrad(Y, dL))
+
     def transport_section(self, lam: Any, W: Any, method: str | None = None) -> Any:
         """Λ ← Λ·g(W): the ``"transported"`` strategy's update (only where it is supported)."""
         raise NotImplementedError(f"{self!r} has no 'transported' section strategy")

@@ -73,6 +73,11 @@ class Grassmann(OrthonormalFrames):
         self._check_tangent_shape(lam.Y, D, "D")
         return GrassmannHorizontal(lam.perp_t(D))
 
+    def lift(self, Y: Array, lam: HouseholderSection | DenseSection, dL: Array) -> GrassmannHorizontal:
+        """global_rep(λ, rgrad(Y, ∇L)) fused: Q⊥ᵀY = 0 gives B = Q⊥ᵀ(I − YYᵀ)∇L = Q⊥ᵀ∇L."""
+        self._check_tangent_shape(Y, dL, "dL")
+        return GrassmannHorizontal(lam.perp_t(dL))
+
     def _check_horizontal(self, W: Any, name: str = "W") -> Any:
         if not isinstance(W, GrassmannHorizontal):
             raise TypeError(f"{name} must be a GrassmannHorizontal for {self!r}, got {type(W).__name__}")

@@ -300,6 +300,13 @@ class Stiefel(OrthonormalFrames):
         A = linalg.skew(xp.matrix_transpose(Y) @ D)
         return StiefelHorizontal(A, lam.perp_t(D))
 
+    def lift(self, Y: Array, lam: HouseholderSection | DenseSection, dL: Array) -> StiefelHorizontal:
+        """global_rep(λ, rgrad(Y, ∇L)) fused: with Δ = ∇L − Y∇LᵀY, YᵀΔ = Yᵀ∇L − ∇LᵀY is already
+        skew, so A = Yᵀ∇L − ∇LᵀY, and Q⊥ᵀY = 0 gives B = Q⊥ᵀ∇L (two products fewer than the composition)."""
+        xp = self._check_tangent_shape(Y, dL, "dL")
+        YtG = xp.matrix_transpose(Y) @ dL
+        return StiefelHorizontal(YtG - xp.matrix_transpose(YtG), lam.perp_t(dL))
+
     def _check_horizontal(self, W: Any, name: str = "W") -> Any:
         if not isinstance(W, StiefelHorizontal):
             raise TypeError(f"{name} must be a StiefelHorizontal for {self!r}, got {type(W).__name__}")

@@ -423,11 +423,11 @@ class RiemannianOptimizer:
             lam = self._section(group, Y, g, step, state.sections)
             points.append(Y)
             lams.append(lam)
-            lifted.append(M.global_rep(lam, M.rgrad(Y, G)))
+            lifted.append(M.lift(Y, lam, G))
             if uses_params:
                 # the parameter a transform sees on a manifold: the lift of grad ½‖Y‖² (module
                 # docstring of add_decayed_weights); on a vector space the parameter itself
-                lifted_params.append(Y if isinstance(M, Euclidean) else M.global_rep(lam, M.rgrad(Y, Y)))
+                lifted_params.append(Y if isinstance(M, Euclidean) else M.lift(Y, lam, Y))
         transform_params = tuple(lifted_params) if uses_params else None
         inner = state.inner
         if any(group.section == "rotated" for group in layout.groups):
