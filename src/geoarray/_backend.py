@@ -459,3 +459,14 @@ def _geqrf_numpy(A: Array) -> tuple[Array, Array, Array]:
     # raw mode returns the LAPACK (Fortran-order) factor transposed
     a = np.ascontiguousarray(np.swapaxes(h, -1, -2))
     return _split_geqrf(a, tau, _compat.array_namespace(a))
+
+
+@register_fast_path("geqrf", "jax")
+def _geqrf_jax(A: Array) -> tuple[Array, Array, Array]:
+    # XLA's geqrf (LAPACK on CPU, cuSOLVER on GPU) through the public raw mode: the generic path unrolls
+    # one Householder step per column into the traced program, which made jit compiles of an optimizer
+    # step take tens of seconds
+    import jax.numpy as jnp
+
+    h, tau = jnp.linalg.qr(A, mode="raw")  # like NumPy: the LAPACK factor, transposed
+    return _split_geqrf(jnp.swapaxes(h, -1, -2), tau, _compat.array_namespace(A))
