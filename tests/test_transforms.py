@@ -388,3 +388,45 @@ def test_fused_lift_equals_global_rep_of_rgrad(xp, device, section):
         fused, composed = M.lift(Y, lam, G), M.global_rep(lam, M.rgrad(Y, G))
         for a, b in zip(fused, composed, strict=True):
             assert_close(a, b, xp=xp, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# partition
+# ---------------------------------------------------------------------------------------------
+
+
+def test_partition_equals_running_its_members_separately(xp, device, backend):
+    params, mans = ref.problem(xp, device)
+    labels = {"heads": ["fast", "fast"], "sub": "slow", "sp": "slow", "w": "fast", "b": "slow"}
+    opt = optim.partition({"fast": optim.Adam(0.05), "slow": optim.Momentum(0.01, alpha=0.8)}, labels)
+    state = opt.init(params, mans)
+    assert all(_is_array(x, xp) for x in optree.tree_leaves(state))
+    fast, slow = optim.Adam(0.05), optim.Momentum(0.01, alpha=0.8)
+    pick = lambda tree, keys: {k: tree[k] for k in keys}  # noqa: E731
+    fk, sk = ("heads", "w"), ("sub", "sp", "b")
+    pf, pslow = pick(params, fk), pick(params, sk)
+    sf, ss = fast.init(pf, pick(mans, fk)), slow.init(pslow, pick(mans, sk))
+    update = opt.update
+    if backend.kind == "jax":
+        import jax
+
+        update = jax.jit(opt.update)
+    p = params
+    for t in range(1, 4):
+        g = ref.grads_at(p, t, xp, device)
+        p, state = update(p, g, state)
+        pf, sf = fast.update(pf, pick(g, fk), sf)
+        pslow, ss = slow.update(pslow, pick(g, sk), ss)
+    for x, y in zip(optree.tree_leaves(p), optree.tree_leaves({**pf, **pslow}), strict=True):
+        assert_close(x, y, xp=xp, atol=1e-13)
+
+
+def test_partition_refuses_unknown_labels_and_other_trees(xp, device):
+    params, mans = ref.problem(xp, device)
+    labels = {"heads": ["a", "a"], "sub": "a", "sp": "a", "w": "a", "b": "typo"}
+    with pytest.raises(ValueError, match=r"labels\['b'\] is 'typo', which names none of the optimizers \['a'\]"):
+        optim.partition({"a": optim.Adam()}, labels).init(params, mans)
+    with pytest.raises(TypeError, match="optimizers must be a non-empty dict"):
+        optim.partition([optim.Adam()], labels)
+    with pytest.raises(ValueError, match="labels must have the tree structure"):
+        optim.partition({"a": optim.Adam()}, {"heads": "a"}).init(params, mans)

@@ -18,6 +18,7 @@ bit-exactly.
 
 from . import schedules, transforms
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
+from .partition import PartitionedOptimizer, PartitionState, partition
 from .riemannian import NonFiniteGradientWarning, RiemannianOptimizer, RiemannianState, riemannian
 from .state import load_state, save_state
 from .transforms import (
@@ -46,6 +47,8 @@ __all__ = [
     "NonFiniteGradientWarning",
     "OptState",
     "Optimizer",
+    "PartitionState",
+    "PartitionedOptimizer",
     "RiemannianOptimizer",
     "RiemannianState",
     "add_decayed_weights",
@@ -53,6 +56,7 @@ __all__ = [
     "clip_by_global_norm",
     "global_norm",
     "load_state",
+    "partition",
     "riemannian",
     "save_state",
     "scale_by_adam",
