@@ -321,6 +321,13 @@ class Optimizer(torch.optim.Optimizer):
         if len(groups) != len(self.param_groups):
             raise ValueError(f"state_dict has {len(groups)} param groups, this optimizer {len(self.param_groups)}")
         saved = {k: v for k, v in state_dict.items() if k != "geoarray"}
+        for gi, (mine, theirs) in enumerate(zip(self.param_groups, saved.get("param_groups", ()), strict=False)):
+            keys_mine, keys_theirs = set(mine) - _NOT_HYPER, set(theirs) - _NOT_HYPER
+            if keys_mine != keys_theirs:
+                raise ValueError(
+                    f"state_dict: param group {gi} holds the state of another optimizer: hyperparameters "
+                    f"{sorted(keys_theirs)}, this optimizer's {sorted(keys_mine)}"
+                )
         old = (self.param_groups, self.state, self._cohorts)
         super().load_state_dict(saved)
         try:
