@@ -259,6 +259,34 @@ def test_state_dict_resumes_bit_exactly_through_torch_save(torch, gt, device):
         assert torch.equal(p.detach(), q.detach())
 
 
+def test_deepcopy_of_model_and_optimizer_continues_identically(torch, gt, device):
+    params = _weights(torch, gt, device)
+    opt = gt.Adam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2}], lr=0.05)
+    _run_torch(opt, params, 2)
+    opt2 = copy.deepcopy(opt)  # copies the parameters it holds, and the state with them
+    params2 = [p for g in opt2.param_groups for p in g["params"]]
+    assert all(p2 is not p and torch.equal(p2, p) for p, p2 in zip(params, params2, strict=True))
+    _run_torch(opt, params, 2, start=2)
+    _run_torch(opt2, params2, 2, start=2)
+    assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(params, params2, strict=True))
+
+
+def test_step_with_closure_returns_its_loss(torch, gt, device):
+    W = gt.ManifoldParameter(Stiefel(5, 2).random(0, xp=torch, dtype=torch.float64, device=device), Stiefel(5, 2))
+    opt = gt.Gradient([W], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = -W[:2].diagonal().sum()
+        loss.backward()
+        return loss
+
+    first = opt.step(closure).item()
+    for _ in range(20):
+        last = opt.step(closure).item()
+    assert last < first and Stiefel(5, 2).is_point(W.detach())
+
+
 def test_load_state_dict_of_another_optimizer_raises_and_changes_nothing(torch, gt, device):
     params = _weights(torch, gt, device)
     mom = gt.Momentum(params, lr=0.1)

@@ -285,6 +285,23 @@ class Optimizer(torch.optim.Optimizer):
         cohort.core, cohort.key = fresh.core, key
         return cohort
 
+    # -- copies and pickles --------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
+        # the states travel with the copy
+        state = super().__getstate__()
+        state["_cohorts"] = [[_Cohort(c.indices, c.shapes, None, c.state, None) for c in cs] for cs in self._cohorts]
+        state["_factory"] = None if isinstance(self, _Method) else self._factory
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        cohorts, factory = state.pop("_cohorts", None), state.pop("_factory", None)
+        super().__setstate__(state)
+        self._factory = self._core_for if isinstance(self, _Method) else factory
+        self._cohorts = cohorts if cohorts is not None else [[] for _ in self.param_groups]
+
     # -- checkpoints -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
