@@ -137,6 +137,8 @@ def test_generic_module_wraps_any_layer_contract_object(torch, gt, device):
         gt.nn.Module(Scale(), analytic=True)
     with pytest.raises(TypeError, match="has no init"):
         gt.nn.Module(object())
+    with pytest.raises(AttributeError, match="NoSuchModel"):
+        gt.nn.NoSuchModel  # noqa: B018
 
 
 def test_chain_trains_with_the_optimizer_and_stays_on_the_manifold(torch, gt, device):

@@ -167,6 +167,8 @@ del _name, _cls
 
 def __getattr__(name: str) -> Any:
     """Wrappers of ``geoarray.models`` classes, created on first access (that module may not exist yet)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         models = importlib.import_module("geoarray.models")
     except ModuleNotFoundError as exc:
