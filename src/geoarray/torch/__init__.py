@@ -1,0 +1,42 @@
+"""PyTorch embedding of geoarray: ``ManifoldParameter``, ``torch.optim`` optimizers, ``nn.Module`` layers.
+
+    import geoarray, geoarray.torch as gt
+    layer = gt.nn.StiefelLayer(10, 3)                       # layer.params.Y is a ManifoldParameter on Stiefel(10, 3)
+    opt = gt.Adam(layer.parameters(), lr=1e-2)              # a torch.optim.Optimizer
+    loss = layer(x).square().sum(); loss.backward(); opt.step(); opt.zero_grad()
+
+* :class:`ManifoldParameter` (:mod:`.parameter`): an ``nn.Parameter`` carrying its manifold.
+* :class:`Optimizer`, :class:`Adam`, :class:`Momentum`, :class:`Gradient`, :class:`AdamWithDecay`
+  (:mod:`.optim`): ``torch.optim.Optimizer`` subclasses running geoarray's array-API optimizer core
+  (Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*).
+* :mod:`.nn`: ``nn.Module`` wrappers of every :mod:`geoarray.nn` layer and a generic :class:`nn.Module`
+  for any layer-contract object (models included); analytic pullbacks as an option.
+
+Distributed training
+--------------------
+**DistributedDataParallel works and is tested** (2 CPU processes, gloo): DDP averages the gradients
+across ranks before ``step``, and the update is a deterministic function of parameters, gradients
+and state, so every rank computes the same new weights — bit-identical on identical hardware and
+libraries — and they equal a single-process run on the concatenated batch to rounding (1e-12 in
+float64). This needs a deterministic section strategy: the default Householder section (and
+``"rotated"``, ``"transported"``) is a function of the weights alone; ``section="random"`` draws
+from ``seed``, step and group, so give every rank the same ``seed`` (the default 0 is).
+
+**FSDP and tensor parallelism are not tested and, with sharded manifold weights, do not work.** A
+manifold update couples all entries of a weight (the Stiefel retraction needs the whole N×n matrix:
+its QR-based section and the n×n and 2n×2n blocks of eq. 21), whereas FSDP (``fully_shard`` /
+``FullyShardedDataParallel``) and tensor parallelism (DTensor) hand the optimizer a shard per rank;
+the core is not written for DTensor and would either fail or update each shard as a separate,
+wrong matrix. What should work, untested: keep manifold weights unsharded (FSDP's ``ignored_params``,
+or ``ShardingStrategy.NO_SHARD``, which behaves like DDP) and shard only Euclidean weights, which
+take the ordinary elementwise update. Gradient accumulation and ``no_sync`` are plain DDP features
+and are unaffected.
+"""
+
+from __future__ import annotations
+
+from . import nn
+from .optim import Adam, AdamWithDecay, Gradient, Momentum, Optimizer
+from .parameter import ManifoldParameter, manifold_of
+
+__all__ = ["Adam", "AdamWithDecay", "Gradient", "ManifoldParameter", "Momentum", "Optimizer", "manifold_of", "nn"]

@@ -1,0 +1,557 @@
+"""``torch.optim.Optimizer`` subclasses driven by geoarray's array-API optimizer core.
+
+    model = geoarray.torch.nn.StiefelLayer(10, 3)          # its weight is a ManifoldParameter
+    opt = geoarray.torch.Adam(model.parameters(), lr=1e-2)
+    loss(model(x)).backward(); opt.step(); opt.zero_grad()
+
+Each step runs Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Training
+Transformers* (Riemannian gradient → lift to g^hor → cache update → retraction) on every
+:class:`~geoarray.torch.ManifoldParameter` and the ordinary (Euclidean) update on every other tensor,
+by calling :class:`geoarray.optim.RiemannianOptimizer` — the same code that runs on NumPy and JAX —
+on the parameters of a param group as one tree. Same-shaped parameters of one manifold are stacked
+and updated by one batched call (``group_same_shape=True``), so the 336 attention projections of
+the paper's vision transformer cost one call, not 336.
+
+What it does as a ``torch.optim.Optimizer``:
+
+* **param groups** with per-group hyperparameters (``lr``, ``betas``, …, and the core's options
+  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``); ``lr`` is read from
+  the group at every step, so ``torch.optim.lr_scheduler`` works; changing another hyperparameter
+  rebuilds the group's core and keeps its state.
+* **in place**: the step runs under ``torch.no_grad()`` and writes the new values into each
+  parameter's storage (``copy_``), so parameters stay leaves without ``grad_fn`` and the next
+  ``backward()`` works.
+* **no grad, no update**: parameters whose ``grad`` is None are skipped, with their state. The state
+  of a group is batched over the parameters that first stepped together (a *cohort*); a later step
+  in which only part of a cohort has gradients is refused with a ``ValueError`` naming the missing
+  ones (put parameters that are used only sometimes in their own param group).
+* **state_dict / load_state_dict** resume bit-exactly: the core's state leaves are stored as tensors
+  (under the key ``"geoarray"`` beside torch's ``"state"`` and ``"param_groups"``) with their dtypes
+  and memory layouts, so ``torch.save(opt.state_dict())`` loads with ``weights_only=True``.
+* **GradScaler**: ``torch.amp.GradScaler`` unscales the gradients in place and calls ``step`` only
+  when they are finite, so a skipped step leaves parameters and state untouched. Without a scaler,
+  the core's ``on_nonfinite="skip"`` (default) does the same for a non-finite gradient and counts it.
+* **torch.compile**: compile the model (``torch.compile(model)``); the optimizer runs eagerly on the
+  parameters the compiled model shares. The optimizer step itself is not compiled here.
+* **bad input** — a ManifoldParameter whose shape or dtype does not fit its manifold, an initial
+  weight off the manifold, a gradient of another dtype, device or shape — raises ``TypeError`` or
+  ``ValueError`` naming the parameter (``'layer.weight'`` when the optimizer was given
+  ``model.named_parameters()``, else ``param_groups[g]['params'][i]``) before anything is changed.
+
+Distributed use is described in :mod:`geoarray.torch`.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import optree
+import torch
+
+from .. import optim as _optim
+from ..optim.riemannian import RiemannianOptimizer, RiemannianState
+from ..optim.transforms import GradientTransformation
+from .parameter import check_manifold_tensor, manifold_of
+
+__all__ = ["Adam", "AdamWithDecay", "Gradient", "Momentum", "Optimizer"]
+
+_FORMAT = "geoarray.torch.Optimizer"
+_FORMAT_VERSION = 1
+_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
+_NOT_HYPER = frozenset({"params", "param_names", "lr", "initial_lr"})
+
+
+@dataclass
+class _Cohort:
+    """Parameters of one group that step together, with the core that updates them and its state."""
+
+    indices: tuple[int, ...]  # positions in group["params"]
+    shapes: tuple[tuple[int, ...], ...]
+    core: RiemannianOptimizer
+    state: RiemannianState
+    key: Any  # the hyperparameters the core was built from
+
+
+class _LiveLR:
+    """A learning-rate "schedule" that reads the param group's current ``lr`` at every step, so that
+    torch's LR schedulers (which write ``group["lr"]``) drive the core without rebuilding it."""
+
+    def __init__(self, optimizer: Optimizer, group_index: int):
+        self._optimizer = weakref.ref(optimizer)
+        self._group_index = group_index
+
+    def __call__(self, t: Any) -> Any:
+        return self._optimizer().param_groups[self._group_index]["lr"]
+
+
+def _check_lr(lr: Any, name: str = "lr") -> None:
+    value = lr.item() if isinstance(lr, torch.Tensor) and lr.numel() == 1 else lr
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a positive finite number, got {lr!r}")
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` around a geoarray optimizer core (see the module docstring).
+
+    ``core`` is one of
+
+    * a :class:`geoarray.optim.RiemannianOptimizer` (e.g. ``geoarray.optim.Adam(lr=1e-3)`` or
+      ``geoarray.optim.riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(), ...))``): every
+      param group gets its own copy;
+    * a gradient transformation (``init``/``update``, geoarray's or optax's): wrapped by
+      :func:`geoarray.optim.riemannian` with the options in ``defaults``;
+    * a callable ``core(group) -> RiemannianOptimizer`` receiving the param group dict, for per-group
+      hyperparameters: it is called again when a hyperparameter of the group (any key but ``params``,
+      ``param_names``) changes.
+
+    ``defaults`` are the default group hyperparameters, as in ``torch.optim.Optimizer``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        core: RiemannianOptimizer | GradientTransformation | Callable[[dict], RiemannianOptimizer],
+        defaults: dict | None = None,
+    ):
+        if isinstance(core, RiemannianOptimizer):
+            self._factory = lambda group, proto=core: copy.copy(proto)
+        elif callable(getattr(core, "init", None)) and callable(getattr(core, "update", None)):
+            self._factory = lambda group, t=core: _optim.riemannian(t, **{k: group[k] for k in _OPTIONS if k in group})
+        elif callable(core):
+            self._factory = core
+        else:
+            raise TypeError(
+                "core must be a geoarray.optim.RiemannianOptimizer, a gradient transformation or a callable "
+                f"group -> RiemannianOptimizer, got {type(core).__name__}"
+            )
+        self._cohorts: list[list[_Cohort]] = []
+        super().__init__(params, dict(defaults or {}))
+
+    # -- groups ------------------------------------------------------------------------------------
+
+    def _make_core(self, group: dict, group_index: int) -> RiemannianOptimizer:
+        core = self._factory(group)
+        if not isinstance(core, RiemannianOptimizer):
+            raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
+        return core
+
+    def _hyper_key(self, group: dict) -> tuple:
+        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _NOT_HYPER)
+
+    @staticmethod
+    def _name(group: dict, group_index: int, i: int) -> str:
+        names = group.get("param_names")
+        if names is not None and i < len(names):
+            return repr(names[i])
+        return f"param_groups[{group_index}]['params'][{i}]"
+
+    def add_param_group(self, param_group: dict) -> None:
+        gi = len(self.param_groups)
+        param_group = dict(param_group)
+        items = param_group["params"]
+        items = [items] if isinstance(items, torch.Tensor) else list(items)  # may be a generator
+        param_group["params"] = items
+        probe = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
+        if "lr" in probe:
+            _check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
+        names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
+        params = [it[1] if isinstance(it, tuple) and len(it) == 2 else it for it in items]
+        if all(n is not None for n in names) and "param_names" not in probe:
+            probe["param_names"] = names
+        for i, p in enumerate(params):
+            name = self._name(probe, gi, i)
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
+            m = manifold_of(p)
+            if m is not None:
+                check_manifold_tensor(p, m, name, on_manifold=True)
+            elif not p.dtype.is_floating_point or p.dtype.is_complex:
+                raise TypeError(f"{name} must have a real floating dtype, got {p.dtype}")
+        # build a core once so that bad hyperparameters fail here, not at the first step
+        probe["params"] = params
+        self._make_core(probe, gi)
+        super().add_param_group(param_group)
+        self._cohorts.append([])
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def _check_grads(self, group: dict, gi: int, active: list[int]) -> None:
+        for i in active:
+            p = group["params"][i]
+            g = p.grad
+            name = self._name(group, gi, i)
+            if g.is_sparse:
+                raise TypeError(f"the gradient of {name} is sparse; geoarray optimizers need dense gradients")
+            if g.dtype != p.dtype:
+                raise TypeError(f"the gradient of {name} has dtype {g.dtype}, the parameter {p.dtype}")
+            if g.device != p.device:
+                raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
+            if g.shape != p.shape:
+                raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
+
+    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], state: Any = None) -> _Cohort:
+        params = [group["params"][i] for i in indices]
+        manifolds = []
+        for i, p in zip(indices, params, strict=True):
+            m = manifold_of(p)
+            if m is not None:
+                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
+            manifolds.append(m)
+        core = self._make_core(group, gi)
+        fresh = core.init([p.detach() for p in params], manifolds)
+        return _Cohort(indices, tuple(tuple(p.shape) for p in params), core, fresh if state is None else state, None)
+
+    def _plan(self, group: dict, gi: int) -> list[tuple[_Cohort | tuple, bool]]:
+        """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
+        partially active cohorts before anything is changed."""
+        params = group["params"]
+        active = [i for i, p in enumerate(params) if p.grad is not None]
+        if not active:
+            return []
+        self._check_grads(group, gi, active)
+        active_set = set(active)
+        plan: list = []
+        covered: set[int] = set()
+        for cohort in self._cohorts[gi]:
+            covered.update(cohort.indices)
+            present = [i for i in cohort.indices if i in active_set]
+            if not present:
+                continue
+            if len(present) != len(cohort.indices):
+                missing = ", ".join(self._name(group, gi, i) for i in cohort.indices if i not in active_set)
+                raise ValueError(
+                    f"{missing} had a gradient when this param group first stepped but has none now, while other "
+                    "parameters of the group do: the optimizer state is batched over the parameters that step "
+                    "together. Put parameters that are used only in some steps in a param group of their own."
+                )
+            for i, shape in zip(cohort.indices, cohort.shapes, strict=True):
+                if tuple(params[i].shape) != shape:
+                    raise ValueError(
+                        f"{self._name(group, gi, i)} has shape {tuple(params[i].shape)}, but the optimizer state was "
+                        f"built for {shape}"
+                    )
+            plan.append(cohort)
+        new = tuple(i for i in active if i not in covered)
+        if new:
+            plan.append(new)
+        return plan
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
+        # all checks passed: build new cohorts, then compute every update, then write them all
+        work = []
+        for gi, group, plan in plans:
+            key = self._hyper_key(group)
+            for item in plan:
+                if isinstance(item, tuple):
+                    cohort = self._new_cohort(group, gi, item)
+                    cohort.key = key
+                    self._cohorts[gi].append(cohort)
+                elif item.key != key:
+                    cohort = self._rebuild(group, gi, item, key)
+                else:
+                    cohort = item
+                work.append((group, cohort))
+        results = []
+        for group, cohort in work:
+            params = [group["params"][i] for i in cohort.indices]
+            grads = [p.grad for p in params]
+            new, state = cohort.core.update([p.detach() for p in params], grads, cohort.state)
+            results.append((params, new, cohort, state))
+        for params, new, cohort, state in results:
+            torch._foreach_copy_(params, new)
+            cohort.state = state
+        return loss
+
+    def _rebuild(self, group: dict, gi: int, cohort: _Cohort, key: Any) -> _Cohort:
+        """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
+        fresh = self._new_cohort(group, gi, cohort.indices)
+        if optree.tree_structure(fresh.state) != optree.tree_structure(cohort.state):
+            raise ValueError(
+                f"changing the hyperparameters of param group {gi} changed the structure of its optimizer state "
+                f"({optree.tree_structure(cohort.state)} → {optree.tree_structure(fresh.state)}); create a new "
+                "optimizer instead"
+            )
+        cohort.core, cohort.key = fresh.core, key
+        return cohort
+
+    # -- copies and pickles --------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
+        # the states travel with the copy
+        state = super().__getstate__()
+        state["_cohorts"] = [[_Cohort(c.indices, c.shapes, None, c.state, None) for c in cs] for cs in self._cohorts]
+        state["_factory"] = None if isinstance(self, _Method) else self._factory
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        cohorts, factory = state.pop("_cohorts", None), state.pop("_factory", None)
+        super().__setstate__(state)
+        self._factory = self._core_for if isinstance(self, _Method) else factory
+        self._cohorts = cohorts if cohorts is not None else [[] for _ in self.param_groups]
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """torch's ``state_dict`` plus the core's state leaves under ``"geoarray"`` (tensors, bit-exact)."""
+        out = super().state_dict()
+        out["geoarray"] = {
+            "format": _FORMAT,
+            "version": _FORMAT_VERSION,
+            "groups": [
+                [
+                    {
+                        "indices": list(c.indices),
+                        "structure": str(optree.tree_structure(c.state)),
+                        "leaves": optree.tree_leaves(c.state),
+                    }
+                    for c in cohorts
+                ]
+                for cohorts in self._cohorts
+            ],
+        }
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore hyperparameters and the core's state; the parameters must be those of the saved run
+        (same groups, shapes, dtypes). Raises ``ValueError`` naming the mismatch, changing nothing."""
+        geo = state_dict.get("geoarray")
+        if not isinstance(geo, dict) or geo.get("format") != _FORMAT:
+            raise ValueError("state_dict has no 'geoarray' entry: it was not written by a geoarray.torch optimizer")
+        if geo.get("version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"state_dict has geoarray format version {geo.get('version')!r}, this reads {_FORMAT_VERSION}"
+            )
+        groups = geo["groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(groups)} param groups, this optimizer {len(self.param_groups)}")
+        saved = {k: v for k, v in state_dict.items() if k != "geoarray"}
+        for gi, (mine, theirs) in enumerate(zip(self.param_groups, saved.get("param_groups", ()), strict=False)):
+            keys_mine, keys_theirs = set(mine) - _NOT_HYPER, set(theirs) - _NOT_HYPER
+            if keys_mine != keys_theirs:
+                raise ValueError(
+                    f"state_dict: param group {gi} holds the state of another optimizer: hyperparameters "
+                    f"{sorted(keys_theirs)}, this optimizer's {sorted(keys_mine)}"
+                )
+        old = (self.param_groups, self.state, self._cohorts)
+        super().load_state_dict(saved)
+        try:
+            self._cohorts = [self._load_group(gi, entries) for gi, entries in enumerate(groups)]
+        except BaseException:
+            self.param_groups, self.state, self._cohorts = old
+            raise
+
+    def _load_group(self, gi: int, entries: list) -> list[_Cohort]:
+        group = self.param_groups[gi]
+        n = len(group["params"])
+        cohorts = []
+        for entry in entries:
+            indices = tuple(int(i) for i in entry["indices"])
+            if not indices or any(not 0 <= i < n for i in indices):
+                raise ValueError(f"state_dict: param group {gi} refers to parameters {indices}; the group has {n}")
+            cohort = self._new_cohort(group, gi, indices)
+            like_leaves, treedef = optree.tree_flatten(cohort.state)
+            if entry["structure"] != str(treedef):
+                raise ValueError(
+                    f"state_dict: param group {gi} holds the state of another optimizer or parameter set:\n"
+                    f"  saved: {entry['structure']}\n  here:  {treedef}"
+                )
+            leaves = list(entry["leaves"])
+            if len(leaves) != len(like_leaves):
+                raise ValueError(
+                    f"state_dict: param group {gi} has {len(leaves)} state tensors, expected {len(like_leaves)}"
+                )
+            restored = []
+            for k, (t, like) in enumerate(zip(leaves, like_leaves, strict=True)):
+                if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
+                    got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise ValueError(
+                        f"state_dict: state tensor {k} of param group {gi} is {got}, expected {tuple(like.shape)} "
+                        f"{like.dtype}"
+                    )
+                # keep the saved memory layout: BLAS kernels round differently per layout
+                restored.append(t.detach().to(device=like.device).clone(memory_format=torch.preserve_format))
+            cohort.state = optree.tree_unflatten(treedef, restored)
+            cohort.key = self._hyper_key(group)
+            cohorts.append(cohort)
+        return cohorts
+
+
+def _options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
+    return {
+        "section": section,
+        "retraction": retraction,
+        "on_nonfinite": on_nonfinite,
+        "group_same_shape": group_same_shape,
+        "seed": seed,
+    }
+
+
+class _Method(Optimizer):
+    """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``."""
+
+    def __init__(self, params: Iterable[Any], defaults: dict):
+        super().__init__(params, self._core_for, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        raise NotImplementedError
+
+    def _lr(self, group: dict) -> Any:
+        # while a group is being added it has no index yet: its constant lr builds the probe core
+        for gi, g in enumerate(self.param_groups):
+            if g is group:
+                return _LiveLR(self, gi)
+        return float(group["lr"])
+
+    @staticmethod
+    def _opts(group: dict) -> dict:
+        return {k: group[k] for k in _OPTIONS}
+
+
+class Gradient(_Method):
+    """Riemannian gradient descent, W = −η B (:class:`geoarray.optim.Gradient`), as a ``torch.optim.Optimizer``.
+
+    Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed`` are those of
+    :class:`geoarray.optim.RiemannianOptimizer` and may differ per param group.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {"lr": lr, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        return _optim.Gradient(self._lr(group), **self._opts(group))
+
+
+class Momentum(_Method):
+    """Momentum, B_cache ← α B_cache + B, W = −η B_cache (eq. 8; :class:`geoarray.optim.Momentum`)."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        alpha: float = 0.5,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {"lr": lr, "alpha": alpha, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
+
+
+class Adam(_Method):
+    """Adam on g^hor (eqs. 5–6 of Brantner's paper; :class:`geoarray.optim.Adam`) as a ``torch.optim.Optimizer``.
+
+    ``betas = (β₁, β₂)`` as in ``torch.optim.Adam``; ``delta`` sits inside the square root as eq. 6
+    prints it, ``eps`` outside as in torch (W = −η B₁ / (√(B₂ + δ) + ε)). Defaults are the paper's
+    Table 1.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.99),
+        delta: float = 3e-7,
+        eps: float = 0.0,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "delta": delta,
+            "eps": eps,
+            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+        }
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        return _optim.Adam(self._lr(group), betas[0], betas[1], group["delta"], eps=group["eps"], **self._opts(group))
+
+
+class AdamWithDecay(_Method):
+    """Adam with a learning rate decaying geometrically from ``lr_start`` to ``lr_end``
+    (:class:`geoarray.optim.AdamWithDecay`): give ``n_steps``, or ``n_epochs`` with ``steps_per_epoch``.
+
+    The rate is part of the optimizer state (its step counter), so param groups carry no ``lr`` and
+    torch LR schedulers do not apply.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        n_steps: int | None = None,
+        lr_start: float = 1e-2,
+        lr_end: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.99),
+        delta: float = 3e-7,
+        *,
+        n_epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {
+            "n_steps": n_steps,
+            "lr_start": lr_start,
+            "lr_end": lr_end,
+            "betas": tuple(betas),
+            "delta": delta,
+            "n_epochs": n_epochs,
+            "steps_per_epoch": steps_per_epoch,
+            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+        }
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        b1, b2 = group["betas"]
+        return _optim.AdamWithDecay(
+            group["n_steps"],
+            group["lr_start"],
+            group["lr_end"],
+            b1,
+            b2,
+            group["delta"],
+            n_epochs=group["n_epochs"],
+            steps_per_epoch=group["steps_per_epoch"],
+            **self._opts(group),
+        )

@@ -1,0 +1,179 @@
+"""geoarray.torch.nn: nn.Module wrappers of every geoarray.nn layer.
+
+Properties: constrained weights are registered as ManifoldParameter on the layer's manifold (and are
+points of it), the forward pass equals ``layer.apply`` on the same initialisation exactly, and the
+analytic pullback (``analytic=True``, a torch.autograd.Function around ``layer.vjp``) gives the
+gradients of torch's autograd to 1e-10 (float64, relative to the largest entry).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+import geoarray.nn as gnn
+
+
+@pytest.fixture(autouse=True)
+def _torch_only(backend):
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+
+
+@pytest.fixture
+def torch():
+    import torch
+
+    return torch
+
+
+@pytest.fixture
+def gt():
+    import geoarray.torch
+
+    return geoarray.torch
+
+
+# name -> (constructor args, constructor kwargs, input shape)
+CASES = {
+    "ActivationLayerP": ((4,), {}, (5, 4)),
+    "ActivationLayerQ": ((4,), {}, (5, 4)),
+    "BiasLayer": ((4,), {}, (5, 4)),
+    "Chain": ((gnn.StiefelLayer(6, 3), gnn.MultiHeadAttention(6, 2)), {}, (2, 4, 3)),
+    "ClassificationLayer": ((6, 3), {}, (2, 4, 6)),
+    "Dense": ((4, 3, "tanh"), {}, (5, 4)),
+    "GradientLayerP": ((4, 6), {}, (5, 4)),
+    "GradientLayerQ": ((4, 6), {}, (5, 4)),
+    "GrassmannLayer": ((6, 2), {}, (5, 6)),
+    "LinearLayerP": ((4,), {}, (5, 4)),
+    "LinearLayerQ": ((4,), {}, (5, 4)),
+    "LinearSymplecticAttentionP": ((4, 3), {}, (2, 3, 4)),
+    "LinearSymplecticAttentionQ": ((4, 3), {}, (2, 3, 4)),
+    "MultiHeadAttention": ((6, 2), {}, (2, 4, 6)),
+    "PSDLayer": ((4, 8), {}, (5, 4)),
+    "ResNetLayer": ((4,), {}, (5, 4)),
+    "StiefelLayer": ((6, 2), {"transpose": True}, (5, 6)),
+    "SymplecticAttentionP": ((4,), {}, (2, 3, 4)),
+    "SymplecticAttentionQ": ((4,), {}, (2, 3, 4)),
+    "VolumePreservingAttention": ((4,), {}, (2, 3, 4)),
+    "VolumePreservingLowerLayer": ((4,), {}, (5, 4)),
+    "VolumePreservingUpperLayer": ((4,), {}, (5, 4)),
+}
+
+
+def test_every_geoarray_nn_layer_has_a_wrapper_and_a_test_case(gt):
+    layers = {n for n in gnn.__all__ if isinstance(getattr(gnn, n), type) and issubclass(getattr(gnn, n), gnn.Layer)}
+    layers.discard("Layer")
+    assert set(gt.nn.LAYERS) == layers
+    assert set(CASES) == layers, "add a case for each new layer"
+
+
+def _input(torch, shape, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 * torch.randn(shape, generator=g, dtype=torch.float64)).to(device)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_wrapper_registers_manifold_parameters_and_matches_apply(torch, gt, device, name):
+    args, kwargs, shape = CASES[name]
+    module = getattr(gt.nn, name)(*args, seed=3, device=device, **kwargs)
+    layer = getattr(gnn, name)(*args, **kwargs)
+    params = layer.init(3, xp=torch, dtype=torch.float64, device=device)
+    manifolds = optree.tree_structure(params, none_is_leaf=True).flatten_up_to(layer.manifolds())
+    registered = dict(module.named_parameters())
+    paths, leaves, _ = optree.tree_flatten_with_path(params)
+    assert len(registered) == len(leaves)
+    for path, leaf, m in zip(paths, leaves, manifolds, strict=True):
+        p = registered["params." + ".".join(map(str, path))]
+        assert torch.equal(p.detach(), leaf)
+        if m is None:
+            assert not isinstance(p, gt.ManifoldParameter)
+        else:
+            assert isinstance(p, gt.ManifoldParameter) and p.manifold == m and m.is_point(p.detach())
+    x = _input(torch, shape, device)
+    assert torch.equal(module(x), layer.apply(params, x))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_analytic_pullback_equals_autograd(torch, gt, device, name):
+    args, kwargs, shape = CASES[name]
+    auto = getattr(gt.nn, name)(*args, seed=5, device=device, **kwargs)
+    analytic = getattr(gt.nn, name)(*args, seed=5, device=device, analytic=True, **kwargs)
+    x = _input(torch, shape, device, seed=1)
+    grads = []
+    for module in (auto, analytic):
+        xi = x.clone().requires_grad_(True)
+        y = module(xi)
+        assert ("_AnalyticLayer" in type(y.grad_fn).__name__) == module.analytic
+        dy = _input(torch, tuple(y.shape), device, seed=2)
+        (y * dy).sum().backward()
+        grads.append([xi.grad] + [p.grad for p in module.parameters()])
+    for k, (a, b) in enumerate(zip(*grads, strict=True)):
+        scale = max(float(a.abs().max()), 1e-300)
+        err = float((a - b).abs().max()) / scale
+        assert err <= 1e-10, f"{name}: gradient {k} differs by {err:.2e} (relative)"
+
+
+def test_generic_module_wraps_any_layer_contract_object(torch, gt, device):
+    class Scale:  # duck-typed: not a geoarray.nn.Layer subclass
+        def init(self, seed, *, xp, dtype=None, device=None):
+            return {"Y": geoarray.Stiefel(4, 2).random(seed, xp=xp, dtype=dtype, device=device), "s": xp.ones(2)}
+
+        def manifolds(self):
+            return {"Y": geoarray.Stiefel(4, 2), "s": None}
+
+        def apply(self, params, x):
+            return (x @ params["Y"]) * params["s"]
+
+    m = gt.nn.Module(Scale(), dtype=torch.float64, device=device)
+    assert isinstance(m.params.Y, gt.ManifoldParameter) and type(m.params.s) is torch.nn.Parameter
+    x = _input(torch, (3, 4), device)
+    assert torch.equal(m(x), x @ m.params.Y.detach())
+    with pytest.raises(TypeError, match="has no vjp"):
+        gt.nn.Module(Scale(), analytic=True)
+    with pytest.raises(TypeError, match="has no init"):
+        gt.nn.Module(object())
+    with pytest.raises(AttributeError, match="NoSuchModel"):
+        gt.nn.NoSuchModel  # noqa: B018
+
+
+def test_chain_trains_with_the_optimizer_and_stays_on_the_manifold(torch, gt, device):
+    model = gt.nn.Chain(
+        gnn.StiefelLayer(6, 3), gnn.MultiHeadAttention(6, 2), gnn.ClassificationLayer(6, 3), device=device
+    )
+    opt = gt.Adam(model.named_parameters(), lr=0.02)
+    x = _input(torch, (8, 4, 3), device)
+    labels = torch.arange(8, device=device) % 3
+    loss_fn = gnn.ClassificationL2Loss()
+    losses = []
+    for _ in range(10):
+        loss = loss_fn(model(x), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    for p in model.parameters():
+        if isinstance(p, gt.ManifoldParameter):
+            assert p.manifold.is_point(p.detach())
+
+
+def test_module_deepcopy_pickle_and_to_keep_manifolds(torch, gt, device):
+    import io
+
+    model = gt.nn.MultiHeadAttention(6, 2, device=device)
+    clone = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (clone, loaded, copy.deepcopy(model).to(torch.float32)):
+        for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
+            assert isinstance(q, gt.ManifoldParameter) and q.manifold == p.manifold, n
+            np.testing.assert_allclose(q.detach().double().cpu().numpy(), p.detach().cpu().numpy(), atol=1e-7)
+    x = _input(torch, (2, 4, 6), device)
+    assert torch.equal(loaded(x), model(x))
