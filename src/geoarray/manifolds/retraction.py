@@ -28,6 +28,9 @@ _PHI1_CHUNK = 5
 _PHI1_DEGREE = 19
 _PHI1_THETA = 1.0
 _PHI1_COEFFS = tuple(1.0 / math.factorial(k + 1) for k in range(_PHI1_DEGREE + 1))
+_PHI1_COEFF_MATRIX = [
+    [_PHI1_COEFFS[j * _PHI1_CHUNK + i] for i in range(_PHI1_CHUNK)] for j in range((_PHI1_DEGREE + 1) // _PHI1_CHUNK)
+]
 
 
 def _norm1(X: Array, xp: Any) -> Array:
@@ -35,20 +38,22 @@ def _norm1(X: Array, xp: Any) -> Array:
 
 
 def _phi1_taylor(X: Array, xp: Any) -> Array:
-    """Σ_{k≤19} X^k/(k+1)! by Paterson–Stockmeyer: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)), deg qⱼ ≤ 4."""
-    eye = linalg.eye(X.shape[-1], X)
+    """Σ_{k≤19} X^k/(k+1)! by Paterson–Stockmeyer: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)), deg qⱼ ≤ 4.
+
+    The four chunks qⱼ = Σᵢ c₅ⱼ₊ᵢ Xⁱ are one contraction of the stacked powers I…X⁴ with the 4×5
+    coefficient matrix (one operation instead of 36 small scalings and additions).
+    """
+    eye = xp.broadcast_to(linalg.eye(X.shape[-1], X), X.shape)
     powers = [eye, X]
     for _ in range(2, _PHI1_CHUNK + 1):
         powers.append(powers[-1] @ X)
     top = powers.pop()  # X⁵
-    c = _PHI1_COEFFS
-    chunks = [
-        sum(c[j * _PHI1_CHUNK + i] * powers[i] for i in range(_PHI1_CHUNK))
-        for j in range((_PHI1_DEGREE + 1) // _PHI1_CHUNK)
-    ]
-    U = chunks[-1]
-    for q in reversed(chunks[:-1]):
-        U = q + top @ U
+    n_chunks = (_PHI1_DEGREE + 1) // _PHI1_CHUNK
+    coeffs = xp.asarray(_PHI1_COEFF_MATRIX, dtype=X.dtype, device=_device(X))
+    chunks = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (4, ..., m, m)
+    U = chunks[n_chunks - 1, ...]
+    for j in range(n_chunks - 2, -1, -1):
+        U = chunks[j, ...] + top @ U
     return U
 
 
