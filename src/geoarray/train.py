@@ -46,7 +46,7 @@ import optree
 
 from . import _backend
 
-__all__ = ["FitResult", "fit", "load_checkpoint", "save_checkpoint"]
+__all__ = ["FitResult", "accuracy", "fit", "load_checkpoint", "save_checkpoint", "value_and_grad"]
 
 Array = Any
 
@@ -397,3 +397,16 @@ def fit(
         if bar is not None:
             bar.close()
     return result
+
+
+def accuracy(model: Any, params: Any, inputs: Array, targets: Array) -> float:
+    """Fraction of samples whose predicted class (argmax of the model output) is the target class.
+
+    ``targets`` are one-hot (or probability) rows (..., C) or integer labels (...,). Usable as a
+    :func:`fit` metric: ``metrics={"accuracy": geoarray.train.accuracy}``.
+    """
+    xp = _backend.array_namespace(inputs=inputs, targets=targets)
+    pred = xp.argmax(model.apply(params, inputs), axis=-1)
+    labels = targets if xp.isdtype(targets.dtype, "integral") else xp.argmax(targets, axis=-1)
+    correct = xp.sum(xp.astype(pred == xp.astype(labels, pred.dtype), xp.int32))
+    return int(_backend.to_host(correct)) / max(1, math.prod(pred.shape))
