@@ -106,7 +106,7 @@ def _load(args: argparse.Namespace, xp: Any) -> tuple[tuple[Any, Any], tuple[Any
         raise CommandError(str(exc)) from None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    patch = args.patch_size if args.patch_size is not None else (7 if data == "mnist" else 4)
+    patch = _heads(args)[0]
     H, W = x_train.shape[-2:]
     if H % patch or W % patch:
         raise CommandError(f"--patch-size {patch} does not divide the {H}x{W} images")
@@ -117,13 +117,20 @@ def _load(args: argparse.Namespace, xp: Any) -> tuple[tuple[Any, Any], tuple[Any
     return train, test, patch
 
 
+def _heads(args: argparse.Namespace) -> tuple[int, int]:
+    """(patch size, heads) from the options, checked before any data is read."""
+    patch = args.patch_size if args.patch_size is not None else (7 if getattr(args, "data", "digits") == "mnist" else 4)
+    n_heads = args.n_heads if args.n_heads is not None else patch
+    if (patch * patch) % n_heads:
+        raise CommandError(f"--n-heads {n_heads} must divide the patch dimension {patch * patch}")
+    return patch, n_heads
+
+
 def _model(args: argparse.Namespace, patch: int, n_patches: int, *, stiefel: bool) -> Any:
     from ..models import ClassificationTransformer
 
     patch_dim = patch * patch
-    n_heads = args.n_heads if args.n_heads is not None else patch
-    if patch_dim % n_heads:
-        raise CommandError(f"--n-heads {n_heads} must divide the patch dimension {patch_dim}")
+    n_heads = _heads(args)[1]
     return ClassificationTransformer(patch_dim, n_patches, 10, n_heads=n_heads, n_layers=args.n_layers, stiefel=stiefel)
 
 
@@ -235,6 +242,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from ._common import namespace_for, require, write_json
 
+    _heads(args)
     xp = namespace_for(args.backend)
     if not args.no_progress:
         require("tqdm")
@@ -279,8 +287,9 @@ def run_demo(args: argparse.Namespace) -> int:
     require("matplotlib")
     if not args.no_progress:
         require("tqdm")
-    xp = namespace_for(args.backend)
     args.data = "digits"
+    _heads(args)
+    xp = namespace_for(args.backend)
     train, test, patch = _load(args, xp)
     print(
         f"ViT on digits: {train[0].shape[0]} train / {test[0].shape[0]} test images, {train[0].shape[-2]} patches "
