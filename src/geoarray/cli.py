@@ -1,30 +1,104 @@
-"""The ``geoarray`` command line."""
+"""The ``geoarray`` command line (also ``python -m geoarray``).
+
+    geoarray demo                      Stiefel vs unconstrained vision transformer on digits
+    geoarray train vit|vpt|lst|sympnet the papers' experiments, each with --backend, --epochs, --seed, --out
+    geoarray gauge table|check|fix     the gauge group of transformer stacks
+
+Each command family lives in a module of :mod:`geoarray.commands` that registers its parsers here.
+Errors (a wrong option, an unknown or missing backend, a missing data file) are one line on stderr
+and exit code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from . import __version__
 
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``geoarray train vit: error: ...``) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _optional_module(name: str) -> Any:
+    """A command module, or None while the command family is not part of this build."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="geoarray",
         description=(
             "geoarray: structure-preserving machine learning on homogeneous spaces "
             "(Stiefel, Grassmann, symplectic Stiefel) on NumPy, CuPy, PyTorch and JAX."
         ),
+        epilog="Start with `geoarray demo`. Every command has --help.",
     )
     parser.add_argument("--version", action="version", version=f"geoarray {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+
+    vit = importlib.import_module("geoarray.commands.vit")
+    vit.add_demo_parser(sub)
+
+    train = sub.add_parser(
+        "train",
+        help="train one of the papers' models (vit, vpt, lst, sympnet)",
+        description="Train one of the papers' models and write metrics JSON and loss plots.",
+    )
+    train_sub = train.add_subparsers(title="models", metavar="MODEL", parser_class=_Parser)
+    train.set_defaults(func=lambda args: _missing_subcommand(train, train_sub))
+    vit.add_train_parser(train_sub)
+    dynamics = _optional_module("geoarray.commands.dynamics")
+    if dynamics is not None:
+        dynamics.add_train_parsers(train_sub)
+
+    gauge = _optional_module("geoarray.commands.gauge")
+    if gauge is not None:
+        gauge.add_parser(sub)
     return parser
 
 
+def _missing_subcommand(parser: argparse.ArgumentParser, sub: Any) -> int:
+    print(f"{parser.prog}: error: choose one of {', '.join(sub.choices)} (see {parser.prog} --help)", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 on success, 2 on a usage or input error)."""
+    from .commands._common import CommandError
+
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and argparse errors
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(func(args) or 0)
+    except CommandError as exc:
+        prog = getattr(args, "prog", "geoarray")
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

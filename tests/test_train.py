@@ -1,0 +1,204 @@
+"""geoarray.train.fit on every backend, float64.
+
+Properties and tolerances:
+
+* ``jit=True`` (jax.jit of gradient and update on JAX) = eager to 1e-12;
+* the same seed gives bit-identical histories and parameters; another seed draws other batches;
+* the loss decreases on a small separable problem (last epoch ≤ 0.7 × first), and Stiefel weights
+  stay on their manifold (YᵀY = I to 1e-12);
+* analytic gradients (model.vjp + loss.vjp) = torch.func / jax.value_and_grad to 1e-10 relative
+  (torch, jax), and so do two epochs of training with either;
+* ``out=`` writes the history as JSON; a checkpoint reloads bit-exactly (params and optimizer state)
+  and training resumed from it continues exactly as the uninterrupted run (1e-12);
+* Ctrl-C: a KeyboardInterrupt raised by a callback or by the loss, and a real SIGINT, stop the loop
+  cleanly, return the last completed step's parameters with ``interrupted=True`` and keep the last
+  checkpoint intact;
+* bad arguments raise ValueError/TypeError naming the argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import to_numpy
+from geoarray import nn, optim
+from geoarray.models import ClassificationTransformer
+from geoarray.train import accuracy, fit, load_checkpoint, value_and_grad
+
+N, T, D, C = 24, 2, 4, 3
+
+
+def _problem(xp, device, seed=0):
+    """N sequences (T, D) whose class is the sign pattern of a fixed projection of the last token."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(N, T, D))
+    labels = np.argmax(x[:, -1, :C] + 0.5 * x[:, 0, :C], axis=-1)
+    y = np.eye(C)[labels]
+    as_xp = lambda a: xp.asarray(a, dtype=geoarray.resolve_dtype(xp, None, device), device=device)  # noqa: E731
+    return as_xp(x), as_xp(y)
+
+
+def _model():
+    return ClassificationTransformer(D, T, C, n_heads=2, n_layers=1)
+
+
+def _fit(xp, device, **kw):
+    model = _model()
+    params = model.init(0, xp=xp, device=device)
+    kw.setdefault("epochs", 2)
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("progress", False)
+    kw.setdefault("jit", False)  # eager: a jax.jit compile per fit call would dominate these tiny runs
+    return model, fit(model, params, _problem(xp, device), optim.Adam(lr=0.05), nn.ClassificationL2Loss(), **kw)
+
+
+def _leaves_np(tree):
+    return [to_numpy(leaf) for leaf in optree.tree_leaves(tree)]
+
+
+def test_fit_is_deterministic_per_seed(xp, device):
+    _, a = _fit(xp, device, seed=3, epochs=1)
+    _, b = _fit(xp, device, seed=3, epochs=1)
+    _, c = _fit(xp, device, seed=4, epochs=1)
+    assert [h["train_loss"] for h in a.history] == [h["train_loss"] for h in b.history]
+    for u, v in zip(_leaves_np(a.params), _leaves_np(b.params), strict=True):
+        np.testing.assert_array_equal(u, v)
+    assert a.history[0]["train_loss"] != c.history[0]["train_loss"], "another seed must draw other batches"
+    assert a.steps == 3 and not a.interrupted
+
+
+def test_loss_decreases_and_stiefel_weights_stay_on_the_manifold(xp, device):
+    model, r = _fit(xp, device, epochs=8, val_data=_problem(xp, device, seed=1), metrics={"acc": accuracy})
+    losses = [h["train_loss"] for h in r.history]
+    assert losses[-1] <= 0.7 * losses[0], losses
+    assert set(r.history[0]) >= {"epoch", "train_loss", "val_loss", "seconds", "acc"}
+    assert 0.0 <= r.history[-1]["acc"] <= 1.0
+    for Y in model.stiefel_params(r.params):
+        Y = to_numpy(Y)
+        np.testing.assert_allclose(
+            np.swapaxes(Y, -1, -2) @ Y, np.broadcast_to(np.eye(Y.shape[-1]), (2, 2, 2)), atol=1e-12
+        )
+
+
+def test_analytic_gradient_equals_autodiff(xp, device, backend):
+    if backend.kind not in ("torch", "jax"):
+        pytest.skip(f"grad='autodiff' needs torch or jax; {backend.name} has only the analytic path")
+    model = _model()
+    params = model.init(1, xp=xp, device=device)
+    x, y = _problem(xp, device)
+    loss = nn.ClassificationL2Loss()
+    va, ga = value_and_grad(model, loss, params, x, y, grad="analytic")
+    vb, gb = value_and_grad(model, loss, params, x, y, grad="autodiff")
+    assert abs(float(to_numpy(va)) - float(to_numpy(vb))) <= 1e-12
+    for u, v in zip(_leaves_np(ga), _leaves_np(gb), strict=True):
+        np.testing.assert_allclose(u, v, rtol=0, atol=1e-10 * max(np.max(np.abs(v)), 1e-300))
+    _, ra = _fit(xp, device, grad="analytic")
+    _, rb = _fit(xp, device, grad="autodiff")
+    for u, v in zip(_leaves_np(ra.params), _leaves_np(rb.params), strict=True):
+        np.testing.assert_allclose(u, v, rtol=0, atol=1e-10)
+
+
+def test_jit_matches_eager(xp, device):
+    """On JAX ``jit=True`` compiles gradient and update; elsewhere it is a no-op. Same result to 1e-12."""
+    _, a = _fit(xp, device, epochs=1, jit=True)
+    _, b = _fit(xp, device, epochs=1, jit=False)
+    assert abs(a.history[0]["train_loss"] - b.history[0]["train_loss"]) <= 1e-12
+    for u, v in zip(_leaves_np(a.params), _leaves_np(b.params), strict=True):
+        np.testing.assert_allclose(u, v, rtol=0, atol=1e-12)
+
+
+def test_json_and_checkpoint_round_trip_and_resume(xp, device, tmp_path):
+    out = tmp_path / "run" / "history.json"
+    ck = tmp_path / "ck"
+    model, r = _fit(xp, device, epochs=2, out=out, checkpoint_every=1, checkpoint_path=ck)
+    written = json.loads(out.read_text())
+    assert [h["epoch"] for h in written["history"]] == [1, 2] and written["interrupted"] is False
+    assert r.checkpoint == os.fspath(ck)
+    like_params = model.init(5, xp=xp, device=device)
+    like_state = optim.Adam(lr=0.05).init(like_params, model.manifolds())
+    params, state, meta = load_checkpoint(ck, like_params=like_params, like_state=like_state)
+    assert meta["epoch"] == 2 and meta["steps"] == 6
+    for u, v in zip(_leaves_np(params), _leaves_np(r.params), strict=True):
+        np.testing.assert_array_equal(u, v)
+    assert geoarray.array_namespace(optree.tree_leaves(params)[0]) is geoarray.array_namespace(like_params[0]["PQ"])
+    # training on from the checkpoint continues exactly as training on from the in-memory result
+    data = _problem(xp, device)
+    loss = nn.ClassificationL2Loss()
+    kw = {"epochs": 1, "batch_size": 8, "progress": False, "jit": False}
+    cont = fit(model, params, data, optim.Adam(lr=0.05), loss, opt_state=state, **kw)
+    ref = fit(model, r.params, data, optim.Adam(lr=0.05), loss, opt_state=r.opt_state, **kw)
+    for u, v in zip(_leaves_np(cont.params), _leaves_np(ref.params), strict=True):
+        np.testing.assert_allclose(u, v, rtol=0, atol=1e-12)
+
+
+def test_keyboard_interrupt_from_callback_keeps_last_checkpoint(xp, device, tmp_path):
+    def stop_at_5(info):
+        if info["step"] == 5:
+            raise KeyboardInterrupt
+
+    ck, out = tmp_path / "ck", tmp_path / "h.json"
+    _, r = _fit(xp, device, epochs=3, callback=stop_at_5, checkpoint_every=1, checkpoint_path=ck, out=out)
+    assert r.interrupted and r.steps == 5 and len(r.history) == 1
+    assert json.loads((ck / "meta.json").read_text())["epoch"] == 1
+    assert json.loads(out.read_text())["interrupted"] is True
+    assert not [f for f in os.listdir(ck) if ".tmp-" in f]
+
+    # the returned parameters are those after step 5: the same as a run told to stop there by SIGINT
+    def sigint_at_5(info):
+        if info["step"] == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    _, s = _fit(xp, device, epochs=3, callback=sigint_at_5)
+    assert s.interrupted and s.steps == 5
+    for u, v in zip(_leaves_np(r.params), _leaves_np(s.params), strict=True):
+        np.testing.assert_array_equal(u, v)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_keyboard_interrupt_inside_a_step_abandons_that_step(xp, device):
+    class Flaky(nn.ClassificationL2Loss):
+        calls = 0
+
+        def vjp(self, pred, target):
+            Flaky.calls += 1
+            if Flaky.calls == 4:
+                raise KeyboardInterrupt
+            return super().vjp(pred, target)
+
+    model = _model()
+    params = model.init(0, xp=xp, device=device)
+    data = _problem(xp, device)
+    r = fit(model, params, data, optim.Adam(lr=0.05), Flaky(), epochs=2, batch_size=8, progress=False, jit=False)
+    assert r.interrupted and r.steps == 3 and len(r.history) == 1
+
+
+def test_bad_arguments(xp, device):
+    model = _model()
+    params = model.init(0, xp=xp, device=device)
+    x, y = _problem(xp, device)
+    loss, opt = nn.ClassificationL2Loss(), optim.Adam(lr=0.01)
+    with pytest.raises(ValueError, match="epochs"):
+        fit(model, params, (x, y), opt, loss, epochs=0, batch_size=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        fit(model, params, (x, y), opt, loss, epochs=1, batch_size=-1)
+    with pytest.raises(ValueError, match="same number of samples"):
+        fit(model, params, (x, y[:5, ...]), opt, loss, epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match="grad"):
+        fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, grad="finite")
+    with pytest.raises(ValueError, match="checkpoint_path"):
+        fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, checkpoint_every=1)
+    with pytest.raises(ValueError, match="val_data"):
+        fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, metrics={"acc": accuracy})
+    with pytest.raises(TypeError, match="pair"):
+        fit(model, params, x, opt, loss, epochs=1, batch_size=4)
+    if geoarray._backend.backend_name(xp) not in ("torch", "jax"):
+        with pytest.raises(ValueError, match="autodiff"):
+            fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, grad="autodiff")
