@@ -83,28 +83,21 @@ def brockett(seed: int, form: str, section: str, *, N: int, n: int, m: int, step
 def vit(seed: int, form: str, section: str | None, *, epochs: int, batch_size: int, lr: float) -> dict:
     import array_api_compat.numpy as xp
 
-    from geoarray import data, models, nn, train
+    from geoarray import models, nn, train
+    from geoarray.data import images
 
-    split = data.digits_patches(seed=seed, xp=xp)
-    model = models.ClassificationTransformer(
-        split.patch_dim, split.n_patches, 10, n_heads=4, n_layers=8, stiefel=section is not None
-    )
+    x, labels = images.load_digits(xp=xp)
+    (x_train, l_train), (x_test, l_test) = images.train_test_split(x, labels, test_fraction=0.25, seed=seed)
+    data = (images.patches(x_train, 4), images.one_hot(l_train, 10))
+    test = (images.patches(x_test, 4), images.one_hot(l_test, 10))
+    model = models.ClassificationTransformer(16, 4, 10, n_heads=4, n_layers=8, stiefel=section is not None)
     params = model.init(seed, xp=xp)
-    opt = optim.Adam(lr, section=section or "householder", seed=seed, **FORMS[form])
+    opt = optim.Adam(lr, section=section, seed=seed, **FORMS[form])
     result = train.fit(
-        model,
-        params,
-        (split.x_train, split.y_train),
-        opt,
-        nn.SoftmaxCrossEntropy() if model.logits else nn.ClassificationL2Loss(),
-        epochs=epochs,
-        batch_size=batch_size,
-        seed=seed,
+        model, params, data, opt, nn.ClassificationL2Loss(), epochs=epochs, batch_size=batch_size, seed=seed,
         progress=False,
-    )
-    pred = model.apply(result.params, split.x_test)
-    acc = float(np.mean(np.argmax(np.asarray(pred), -1) == np.asarray(split.labels_test)))
-    return {"loss": result.history[-1]["train_loss"], "acc": acc}
+    )  # fmt: skip
+    return {"loss": result.history[-1]["train_loss"], "acc": train.accuracy(model, result.params, *test)}
 
 
 # ---------------------------------------------------------------------------------------------
