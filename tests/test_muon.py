@@ -150,8 +150,9 @@ def test_orthogonalize_by_newton_schulz(xp, device):
     assert out16["a"].dtype == xtree["a"].dtype
     if getattr(xp, "bfloat16", None) is None:  # no bfloat16 here: the float64 iteration runs
         assert_close(out16["a"], _ns(tree["a"]), xp=xp, atol=1e-12)
-    else:  # bfloat16 precision (unit roundoff 4e-3, amplified by five steps)
-        np.testing.assert_allclose(to_numpy(out16["a"]), _ns(tree["a"]), atol=0.1)
+    else:  # bfloat16 precision: unit roundoff 4e-3, amplified by five steps (measured ≈ 0.05 relative)
+        ref = _ns(tree["a"])
+        assert np.linalg.norm(to_numpy(out16["a"]) - ref) <= 0.15 * np.linalg.norm(ref)
 
 
 def test_non_matrix_leaf_is_named(xp, device):

@@ -356,7 +356,8 @@ def _msign_eigh(X: Array, xp: Any) -> Array:
     tiny = k * xp.finfo(X.dtype).eps * xp.max(lam, axis=-1, keepdims=True)
     keep = lam > tiny
     inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
-    return (X @ V) @ (inv_sqrt[..., :, None] * _mT(V, xp))
+    # form the k×k factor first: one O(m·k²) product with X instead of two
+    return X @ ((V * inv_sqrt[..., None, :]) @ _mT(V, xp))
 
 
 def _polar_newton(Q: Array, R: Array, xp: Any, steps: int) -> Array:

@@ -265,7 +265,7 @@ def muon(
 
 
 def manifold_muon_step(
-    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int = 10
+    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int = 2
 ) -> tuple[Array, Array, Array | None]:
     """One manifold-Muon step on a Stiefel or Grassmann point: (Y_new, A*, P_new).
 
@@ -284,6 +284,20 @@ def manifold_muon_step(
     Stiefel: the dual variable P (None or (..., n, n)) warm-starts ``n_iter`` dual iterations and
     the new one is returned for the next step; see
     :func:`geoarray.manifolds.spectral.stiefel_spectral_direction` for the accuracy per iteration.
+    A* is always feasible (tangent, ‖A*‖₂ ≤ 1); warm-started, its relative suboptimality
+    (‖[K+P;R]‖_* − ⟨G, A*⟩)/‖[K+P;R]‖_* was measured (float64, median over steps 10–60 of a noisy
+    Brockett run with EMA momentum 0.95, lr 0.01) at
+
+    ===========  =======  =======  =======  =======  =======
+    N×n          1 it.    2 it.    3 it.    5 it.    10 it.
+    ===========  =======  =======  =======  =======  =======
+    49×7         5e-3     2e-3     9e-4     2e-4     6e-6
+    256×32       7e-3     3e-3     2e-3     3e-4     1e-5
+    ===========  =======  =======  =======  =======  =======
+
+    so the default ``n_iter=2`` gives up 0.2–0.3 % of the attainable ⟨G, A⟩ — far below the
+    ±30 % spread of singular values that Muon's own Newton–Schulz accepts — at a cost of three
+    n×n ``eigh`` per step; raise it for an exact direction.
     Grassmann: closed form, P is returned unchanged.
     """
     from ..manifolds.grassmann import Grassmann
