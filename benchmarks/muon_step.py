@@ -4,7 +4,8 @@
 
 torch, float32, CPU. Each optimizer owns its own copy of the same weights and receives the same
 fixed random gradient each step; the time of one full step (momentum, direction, retraction or
-update) is measured ``--steps`` times after 3 warm-up steps and the median is reported.
+update) is measured ``--steps`` times after 3 warm-up steps, the three optimizers interleaved
+step by step (so that load from other processes affects them alike), and the median is reported.
 
 * manifold Muon: EMA momentum 0.95 with torch's Nesterov form, then
   ``geoarray.optim.muon.manifold_muon_step`` on Stiefel(N, n) (dual warm-started from the previous
@@ -20,27 +21,30 @@ import statistics
 import time
 
 
-def _median_time(step, steps: int) -> float:
+def _median_times(steps_fns: list, steps: int) -> list[float]:
+    # interleaved (one step of each optimizer per round), so that load from other processes hits
+    # all of them alike and the ratios stay meaningful on a shared machine
     for _ in range(3):
-        step()
-    times = []
+        for f in steps_fns:
+            f()
+    times: list[list[float]] = [[] for _ in steps_fns]
     for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for f, ts in zip(steps_fns, times, strict=True):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--n-iter", type=int, default=10, help="dual iterations per manifold-Muon step")
+    ap.add_argument("--n-iter", type=int, default=2, help="dual iterations per manifold-Muon step")
     args = ap.parse_args()
 
     import torch
 
-    import array_api_compat.torch as xp
     from geoarray.manifolds import Stiefel
     from geoarray.optim.muon import manifold_muon_step
 
@@ -75,14 +79,14 @@ def main() -> None:
             return opt.step
 
         with torch.no_grad():
-            t_mm = _median_time(mm_step, args.steps)
-        t_muon = _median_time(torch_step(torch.optim.Muon, {"lr": 0.02}), args.steps)
-        t_adam = _median_time(torch_step(torch.optim.Adam, {"lr": 1e-3}), args.steps)
+            t_mm, t_muon, t_adam = _median_times(
+                [mm_step, torch_step(torch.optim.Muon, {"lr": 0.02}), torch_step(torch.optim.Adam, {"lr": 1e-3})],
+                args.steps,
+            )
         print(
             f"{name:<14}{t_mm * 1e3:>12.2f} ms{t_muon * 1e3:>9.2f} ms{t_adam * 1e3:>9.2f} ms"
             f"{t_mm / t_muon:>9.2f}{t_mm / t_adam:>9.2f}"
         )
-    _ = xp
 
 
 if __name__ == "__main__":
