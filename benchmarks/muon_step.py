@@ -12,6 +12,19 @@ step by step (so that load from other processes affects them alike), and the med
   step, ``--n-iter`` dual iterations, polar retraction); the ViT set is one batched (336, 49, 7) leaf;
 * torch.optim.Muon: one parameter per matrix (it accepts 2-D parameters only), bfloat16 Newton–Schulz;
 * torch.optim.Adam: the same parameters, default settings (foreach implementation).
+
+Measured (torch 2.13 CPU, 2 threads, shared 2-core machine, default ``--n-iter 2``):
+
+==============  =============  ==========  ==========  ======  ======
+weights         manifold Muon  torch Muon  torch Adam  ÷ Muon  ÷ Adam
+==============  =============  ==========  ==========  ======  ======
+1024×64         2.51 ms        1.03 ms     0.25 ms     2.43    10.2
+4096×128        14.75 ms       5.70 ms     1.72 ms     2.59    8.6
+ViT 336×49×7    8.40 ms        29.21 ms    8.44 ms     0.29    0.99
+==============  =============  ==========  ==========  ======  ======
+
+The single-weight cost is seven O(N·n²) float32 products (YᵀG, G⊥, G⊥ᵀG⊥, A, the retraction's
+Gram and product) and five n×n eigendecompositions, against torch's ten bfloat16 products.
 """
 
 from __future__ import annotations
