@@ -88,3 +88,11 @@ class Grassmann(OrthonormalFrames):
     def _half_a(self, W: GrassmannHorizontal, xp: Any) -> Array:
         n = self.n
         return xp.zeros((*W.B.shape[:-2], n, n), dtype=W.B.dtype, device=_device(W.B))
+
+    def spectral_direction(self, Y: Array, G: Array) -> Array:
+        """A* = msign((I − YYᵀ)G): the spectral steepest horizontal direction (closed form); see
+        :func:`geoarray.manifolds.spectral.grassmann_spectral_direction`."""
+        from .spectral import grassmann_spectral_direction
+
+        self._check_point(Y)
+        return grassmann_spectral_direction(Y, G)

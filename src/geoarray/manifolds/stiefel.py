@@ -317,3 +317,12 @@ class Stiefel(OrthonormalFrames):
 
     def _half_a(self, W: StiefelHorizontal, xp: Any) -> Array:
         return W.A / 2
+
+    def spectral_direction(self, Y: Array, G: Array, **kw: Any) -> tuple[Array, Array]:
+        """(A*, P): the spectral steepest direction argmax ⟨G, A⟩ over tangent A with ‖A‖₂ ≤ 1, and
+        its dual variable (pass it back as ``P0`` to warm-start); see
+        :func:`geoarray.manifolds.spectral.stiefel_spectral_direction`."""
+        from .spectral import stiefel_spectral_direction
+
+        self._check_point(Y)
+        return stiefel_spectral_direction(Y, G, **kw)

@@ -1,0 +1,181 @@
+"""Steepest-descent directions under the spectral norm on the Stiefel and Grassmann manifolds.
+
+For a point Y (..., N, n) with orthonormal columns and a Euclidean gradient (or momentum) G, the
+spectral steepest direction is
+
+    A* = argmax ⟨G, A⟩   subject to   ‖A‖₂ ≤ 1  and  A tangent at Y,
+
+the step of Muon (Jordan et al., "Muon: an optimizer for hidden layers in neural networks", 2024)
+constrained to the manifold (J. Bernstein, "Modular Manifolds", Thinking Machines Lab, 2025;
+J. Su, "Steepest descent on manifolds"; Li et al., "Intrinsic Muon: spectral optimization on
+Riemannian matrix manifolds"). The update is then a retraction of Y − lr·A*.
+
+Stiefel (tangent: YᵀA + AᵀY = 0). Write G = Y(YᵀG) + (G − YYᵀG) and take the thin QR
+G − YYᵀG = QR. Every competitor can be restricted to span[Y Q] (the rest of the space does not
+change the objective and only enlarges ‖A‖₂), A = [Y Q] W with W = [W₁; W₂], W₁ skew, and with
+K = skew(YᵀG) and any symmetric P,
+
+    ⟨G, A⟩ = ⟨[K + P; R], W⟩ ≤ ‖[K + P; R]‖_* · ‖W‖₂              (weak duality).
+
+So the dual problem is min over symmetric P of f(P) = ‖[K + P; R]‖_* (the compressed form of
+min_P ‖G + 2YP‖_*), with gradient ∇f(P) = sym(W₁(P)) for W(P) = msign([K + P; R]), and at the
+minimiser W(P*) has a skew top block, so A* = [Y Q]·msign([K + P*; R]) attains the bound. The
+cost is O(N·n²) once and O(n³) per dual iteration (one n×n ``eigh``).
+
+Neither Q nor R is formed: R enters only through RᵀR = G⊥ᵀG⊥ (G⊥ = G − YYᵀG), the Gram matrix
+of M is (K + P)ᵀ(K + P) + RᵀR, msign(M) = M·H with H = (MᵀM)^{-1/2}, and Q·(R H) = G⊥·H. This
+replaces the QR (5 ms for 4096×128 in torch float32 — as much as a whole ``torch.optim.Muon``
+step) by one n×n Gram product; both square the conditioning of G⊥ in the same way, since the
+eigen-decomposition of MᵀM is formed in either case.
+
+Grassmann (horizontal: YᵀA = 0): A* = msign((I − YYᵀ)G) in closed form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _backend, linalg
+from .._backend import array_namespace, check_real_floating
+
+__all__ = ["grassmann_spectral_direction", "stiefel_spectral_direction", "stiefel_spectral_dual"]
+
+Array = Any
+
+
+def _check(Y: Array, G: Array, P0: Array | None = None) -> Any:
+    xp = array_namespace(Y=Y, G=G, P0=P0)
+    check_real_floating(Y, "Y", xp)
+    check_real_floating(G, "G", xp)
+    if Y.ndim < 2:
+        raise ValueError(f"Y must have at least 2 dimensions (..., N, n), got shape {tuple(Y.shape)}")
+    N, n = Y.shape[-2:]
+    if n > N:
+        raise ValueError(f"Y must be tall (N ≥ n) to hold orthonormal columns, got shape {tuple(Y.shape)}")
+    if G.shape[-2:] != (N, n):
+        raise ValueError(f"G must end in ({N}, {n}) to match Y {tuple(Y.shape)}, got {tuple(G.shape)}")
+    if G.dtype != Y.dtype:
+        raise TypeError(f"G must have the dtype of Y ({Y.dtype}), got {G.dtype}")
+    if P0 is not None:
+        check_real_floating(P0, "P0", xp)
+        if P0.shape[-2:] != (n, n):
+            raise ValueError(f"P0 must end in ({n}, {n}) (a symmetric dual variable), got {tuple(P0.shape)}")
+    return xp
+
+
+def _compress(Y: Array, G: Array, xp: Any) -> tuple[Array, Array, Array]:
+    # K = skew(YᵀG), G⊥ = G − YYᵀG and C = G⊥ᵀG⊥ = RᵀR (R of the thin QR G⊥ = QR).
+    YtG = xp.matrix_transpose(Y) @ G
+    K = (YtG - xp.matrix_transpose(YtG)) / 2
+    Gp = G - Y @ YtG
+    C = xp.matrix_transpose(Gp) @ Gp
+    return K, Gp, (C + xp.matrix_transpose(C)) / 2
+
+
+def _inv_sqrt_gram(S: Array, C: Array, xp: Any) -> tuple[Array, Array, Array]:
+    # For M = [S; R] with RᵀR = C: H = (MᵀM)^{-1/2} on the range (zero on the numerical null space),
+    # so msign(M) = [S H; R H]; also σ_min(M) and ‖M‖_* from the same eigh.
+    k = S.shape[-1]
+    gram = xp.matrix_transpose(S) @ S + C
+    lam, V = xp.linalg.eigh((gram + xp.matrix_transpose(gram)) / 2)
+    lam = xp.clip(lam, min=0.0)
+    tiny = k * xp.finfo(S.dtype).eps * xp.max(lam, axis=-1, keepdims=True)
+    keep = lam > tiny
+    inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
+    H = (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V)
+    sig = xp.sqrt(lam)
+    return H, sig[..., 0], xp.sum(sig, axis=-1)
+
+
+def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> tuple[Array, Array]:
+    K, Gp, C = _compress(Y, G, xp)
+    P = xp.broadcast_to(P, K.shape)
+
+    def body(_, P):
+        S = K + P
+        H, smin, _nuc = _inv_sqrt_gram(S, C, xp)
+        W1 = S @ H
+        grad = (W1 + xp.matrix_transpose(W1)) / 2
+        return P - (step * smin)[..., None, None] * grad
+
+    P = _backend.fori_loop(body, P, xp.asarray(n_iter), n_iter, xp)
+    S = K + P
+    H, _, _ = _inv_sqrt_gram(S, C, xp)
+    W1 = S @ H
+    # the top block is skew at the optimum; projecting it makes A exactly tangent for any n_iter
+    W1 = (W1 - xp.matrix_transpose(W1)) / 2
+    # ‖W‖₂ for W = [W₁; R H]: WᵀW = W₁ᵀW₁ + H C H. The projection may lift it above 1 by O(‖sym W₁‖)
+    # before convergence; rescaling keeps A feasible, so ⟨G, A⟩ ≤ ‖[K + P; R]‖_* is a true duality
+    # gap at every n_iter.
+    WtW = xp.matrix_transpose(W1) @ W1 + H @ C @ H
+    norm2 = xp.sqrt(xp.max(xp.linalg.eigvalsh((WtW + xp.matrix_transpose(WtW)) / 2), axis=-1))
+    scale = (1 / xp.maximum(norm2, xp.ones_like(norm2)))[..., None, None]
+    # [Y Q]·[W₁; R H] = Y W₁ + G⊥ H: Q is never needed
+    A = Y @ (W1 * scale) + Gp @ (H * scale)
+    return A, P
+
+
+def stiefel_spectral_direction(
+    Y: Array, G: Array, *, P0: Array | None = None, n_iter: int = 100, step: float = 1.0
+) -> tuple[Array, Array]:
+    """The spectral steepest direction A* on the Stiefel manifold, and the dual variable P.
+
+    Solves max ⟨G, A⟩ s.t. ‖A‖₂ ≤ 1, YᵀA + AᵀY = 0 through the compressed dual
+    min_{P = Pᵀ} ‖[K + P; R]‖_* (K = skew(YᵀG), G − YYᵀG = QR; see the module docstring) by
+    gradient descent P ← P − step·σ_min([K + P; R])·sym(W₁), W = msign([K + P; R]), ``n_iter``
+    times from ``P0`` (zero by default), and returns A = [Y Q]·[skew(W₁); W₂]/max(1, ‖·‖₂) and P.
+    For any ``n_iter`` A is feasible (tangent to rounding, ‖A‖₂ ≤ 1) and ⟨G, A⟩ ≤ ‖[K + P; R]‖_*
+    (:func:`stiefel_spectral_dual`); the difference, the duality gap, bounds the suboptimality and
+    vanishes as P converges.
+
+    Step size: the Hessian of the nuclear norm at a full-rank M is bounded by 1/σ_min(M), so
+    ``step = 1`` (P ← P − σ_min·∇f, the 1/L step) is the default; the ½σ_min of the published
+    prototype converges about twice as slowly. Accuracy (float64, from P = 0, Y and G Gaussian,
+    relative duality gap (‖[K+P;R]‖_* − ⟨G, A⟩)/‖[K+P;R]‖_*, median over 20 draws):
+
+    =========  ========  =======  =======  =======  =======
+    N×n        step      10 it.   30 it.   100 it.  200 it.
+    =========  ========  =======  =======  =======  =======
+    16×4       1         1e-5     1e-10    7e-16    5e-16
+    32×5       1         5e-6     1e-12    8e-16    7e-16
+    49×7       1         7e-6     2e-12    9e-16    1e-15
+    64×16      1         5e-4     2e-7     2e-15    2e-15
+    16×4       ½         9e-4     2e-6     9e-14    7e-16
+    49×7       ½         7e-4     5e-7     1e-15    1e-15
+    64×16      ½         6e-3     1e-4     4e-9     3e-15
+    =========  ========  =======  =======  =======  =======
+
+    Warm start: pass the P returned at the previous optimizer step as ``P0`` (momentum changes
+    slowly, so far fewer iterations are needed). Cost: O(N·n²) for YᵀG, G⊥ and G⊥ᵀG⊥ (no QR), then one
+    n×n ``eigh`` per iteration; batched over leading dimensions, a fixed number of iterations
+    (``lax.fori_loop`` on JAX), no host synchronisation on array values.
+    """
+    xp = _check(Y, G, P0)
+    if not isinstance(n_iter, int) or n_iter < 0:
+        raise ValueError(f"n_iter must be a non-negative int, got {n_iter!r}")
+    if not 0 < step < 2:
+        raise ValueError(f"step must be in (0, 2), got {step!r}")
+    n = Y.shape[-1]
+    P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
+    return _backend.compiled(_stiefel_solve, xp, "xp", "n_iter", "step")(
+        Y, G, P, xp=xp, n_iter=n_iter, step=float(step)
+    )
+
+
+def stiefel_spectral_dual(Y: Array, G: Array, P: Array) -> Array:
+    """The dual value ‖[K + P; R]‖_* (an upper bound on ⟨G, A⟩ for every feasible A) for symmetric P."""
+    xp = _check(Y, G, P)
+    K, _, C = _compress(Y, G, xp)
+    return _inv_sqrt_gram(K + linalg.sym(P), C, xp)[2]
+
+
+def grassmann_spectral_direction(Y: Array, G: Array) -> Array:
+    """A* = msign((I − YYᵀ)G): the spectral steepest direction with YᵀA = 0 (Grassmann, horizontal).
+
+    Closed form: every horizontal A satisfies ⟨G, A⟩ = ⟨(I − YYᵀ)G, A⟩ ≤ ‖(I − YYᵀ)G‖_*·‖A‖₂,
+    attained by the matrix sign of the projected gradient, which is itself horizontal.
+    Zero singular values of (I − YYᵀ)G give zero (the minimum-norm maximiser).
+    """
+    xp = _check(Y, G)
+    Gh = G - Y @ (xp.matrix_transpose(Y) @ G)
+    return linalg.msign(Gh)

@@ -1,0 +1,316 @@
+"""Muon and manifold Muon: spectral-norm steepest descent for matrix parameters.
+
+Vector-space transforms in the composable ``GradientTransformation`` convention (optax's: a pair
+``init(params) -> state`` / ``update(updates, state, params) -> (updates, state)``, the final update
+is *added* to the parameters, states are NamedTuples of arrays, configuration is closed over):
+
+``orthogonalize_by_newton_schulz``
+    replaces every matrix leaf by Muon's quintic Newton–Schulz approximation of msign(leaf);
+``scale_by_muon``
+    ``torch.optim.Muon``'s direction: EMA momentum, Nesterov, Newton–Schulz, learning-rate
+    adjustment by shape (the update still has to be multiplied by −lr);
+``muon``
+    the whole ``torch.optim.Muon`` step, decoupled weight decay and −lr included.
+
+``manifold_muon_step`` is the pure step of manifold Muon on the Stiefel and Grassmann manifolds:
+the spectral steepest direction A* of the (momentum-averaged) gradient on the tangent space and
+the polar retraction of Y − lr·A*.
+
+References: K. Jordan et al., "Muon: an optimizer for hidden layers in neural networks" (2024);
+J. Liu et al., "Muon is scalable for LLM training" (2025) for ``adjust_lr_fn="match_rms_adamw"``;
+J. Bernstein, "Modular Manifolds" (Thinking Machines Lab, 2025) for the manifold version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import optree
+
+from .. import linalg
+from .._backend import array_namespace
+
+__all__ = [
+    "GradientTransformation",
+    "MuonState",
+    "NewtonSchulzState",
+    "ScaleByMuonState",
+    "manifold_muon_step",
+    "muon",
+    "orthogonalize_by_newton_schulz",
+    "scale_by_muon",
+]
+
+Array = Any
+
+# Keller Jordan's coefficients, also torch.optim.Muon's defaults
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+class GradientTransformation(NamedTuple):
+    """``init(params) -> state`` and ``update(updates, state, params=None) -> (updates, state)``."""
+
+    init: Callable[[Any], Any]
+    update: Callable[..., tuple[Any, Any]]
+
+
+class NewtonSchulzState(NamedTuple):
+    """No state: the orthogonalisation is memoryless."""
+
+
+class ScaleByMuonState(NamedTuple):
+    """``mu``: the EMA momentum buffer B_t, a tree like the parameters."""
+
+    mu: Any
+
+
+class MuonState(NamedTuple):
+    """State of :func:`muon`: that of its :func:`scale_by_muon`."""
+
+    inner: ScaleByMuonState
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _path_str(path: tuple) -> str:
+    return "params" + "".join(f"[{k!r}]" for k in path)
+
+
+def _flatten(tree: Any) -> tuple[list[tuple], list[Any], Any]:
+    paths, leaves, treedef = optree.tree_flatten_with_path(tree)
+    return paths, leaves, treedef
+
+
+def _check_matrix_leaves(tree: Any, who: str) -> None:
+    for path, leaf in zip(*_flatten(tree)[:2], strict=True):
+        ndim = getattr(leaf, "ndim", None)
+        if ndim is None or ndim < 2:
+            shape = tuple(getattr(leaf, "shape", ()))
+            raise ValueError(
+                f"{who}: leaf {_path_str(path)} has shape {shape}; Muon acts on matrices (..., rows, cols) only. "
+                "Give vectors, scalars and other non-matrix leaves their own optimizer with "
+                "geoarray.optim.partition({'muon': ..., 'adam': ...}, labels)"
+            )
+
+
+def _ns_dtype(x: Array, xp: Any, ns_dtype: Any) -> Any:
+    if ns_dtype is None:
+        return x.dtype
+    if isinstance(ns_dtype, str):
+        # a backend without bfloat16 (NumPy, array-api-strict) keeps the leaf's own dtype
+        return getattr(xp, ns_dtype, None) or x.dtype
+    return ns_dtype
+
+
+def _adjust_ratio(shape: tuple, adjust_lr_fn: str | None) -> float:
+    rows, cols = shape[-2], shape[-1]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1.0, rows / cols))
+    return 0.2 * math.sqrt(max(rows, cols))
+
+
+def _check_common(momentum: float, ns_coefficients: tuple, eps: float, ns_steps: int, adjust_lr_fn: Any) -> None:
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if len(tuple(ns_coefficients)) != 3:
+        raise ValueError(f"ns_coefficients must be three numbers (a, b, c), got {ns_coefficients!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+    if not isinstance(ns_steps, int) or not 0 <= ns_steps < 100:
+        raise ValueError(f"ns_steps must be an int in [0, 100), got {ns_steps!r}")
+    if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+        raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
+
+
+def _orthogonalize(g: Array, ns_coefficients: tuple, eps: float, ns_steps: int, ns_dtype: Any) -> Array:
+    xp = array_namespace(g=g)
+    dt = _ns_dtype(g, xp, ns_dtype)
+    out = linalg.newton_schulz(xp.astype(g, dt), steps=ns_steps, coefficients=tuple(ns_coefficients), eps=eps)
+    return xp.astype(out, g.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# transforms
+# --------------------------------------------------------------------------------------------
+
+
+def orthogonalize_by_newton_schulz(
+    ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = 1e-7,
+    ns_steps: int = 5,
+    ns_dtype: Any = None,
+) -> GradientTransformation:
+    """Replace every matrix leaf U (..., rows, cols) by ``linalg.newton_schulz(U)`` ≈ msign(U).
+
+    ``ns_dtype`` (``None``: the leaf's dtype; ``"bfloat16"``: bfloat16 where the backend has it, as
+    ``torch.optim.Muon`` always does — NumPy and array-api-strict have none and keep the leaf's
+    dtype; or a dtype object) is the dtype of the iteration; the result is cast back.
+    A leaf with fewer than two dimensions raises ``ValueError`` naming it.
+    """
+    _check_common(0.0, ns_coefficients, eps, ns_steps, None)
+
+    def init(params: Any) -> NewtonSchulzState:
+        _check_matrix_leaves(params, "orthogonalize_by_newton_schulz")
+        return NewtonSchulzState()
+
+    def update(updates: Any, state: NewtonSchulzState, params: Any = None) -> tuple[Any, NewtonSchulzState]:
+        _check_matrix_leaves(updates, "orthogonalize_by_newton_schulz")
+        out = optree.tree_map(lambda g: _orthogonalize(g, ns_coefficients, eps, ns_steps, ns_dtype), updates)
+        return out, state
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_muon(
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = 1e-7,
+    ns_steps: int = 5,
+    adjust_lr_fn: str | None = None,
+    ns_dtype: Any = None,
+) -> GradientTransformation:
+    """Muon's direction, exactly as ``torch.optim.Muon`` forms it (without −lr and weight decay).
+
+    Per matrix leaf g (..., rows, cols), with μ = ``momentum`` and B₀ = 0:
+
+        B_t = B_{t−1} + (1 − μ)(g_t − B_{t−1})                (EMA, torch's ``lerp_``)
+        B̃_t = g_t + μ(B_t − g_t) if ``nesterov`` else B_t
+        O_t = NS(B̃_t) · r(rows, cols)
+
+    NS is :func:`geoarray.linalg.newton_schulz` (Frobenius pre-normalisation, tall matrices
+    transposed, ``ns_steps`` quintic steps with ``ns_coefficients``), run in ``ns_dtype``
+    (see :func:`orthogonalize_by_newton_schulz`). r is ``adjust_lr_fn``'s ratio:
+    ``None``/``"original"``: √max(1, rows/cols) (Jordan); ``"match_rms_adamw"``: 0.2·√max(rows, cols)
+    (Liu et al.). Leading dimensions are a batch of independent matrices. Chain with −lr (and
+    decoupled weight decay, see :func:`muon`) to obtain the parameter update.
+    """
+    _check_common(momentum, ns_coefficients, eps, ns_steps, adjust_lr_fn)
+    mom = float(momentum)
+
+    def init(params: Any) -> ScaleByMuonState:
+        _check_matrix_leaves(params, "scale_by_muon")
+
+        def zeros(p: Array) -> Array:
+            return array_namespace(p=p).zeros_like(p)
+
+        return ScaleByMuonState(optree.tree_map(zeros, params))
+
+    def update(updates: Any, state: ScaleByMuonState, params: Any = None) -> tuple[Any, ScaleByMuonState]:
+        _check_matrix_leaves(updates, "scale_by_muon")
+
+        def leaf(g: Array, buf: Array) -> tuple[Array, Array]:
+            buf = buf + (1.0 - mom) * (g - buf)
+            u = g + mom * (buf - g) if nesterov else buf
+            o = _orthogonalize(u, ns_coefficients, eps, ns_steps, ns_dtype)
+            return o * _adjust_ratio(tuple(g.shape), adjust_lr_fn), buf
+
+        pairs = optree.tree_map(leaf, updates, state.mu)
+        out = optree.tree_map(lambda _, p: p[0], updates, pairs)
+        mu = optree.tree_map(lambda _, p: p[1], updates, pairs)
+        return out, ScaleByMuonState(mu)
+
+    return GradientTransformation(init, update)
+
+
+def muon(
+    lr: float = 1e-3,
+    weight_decay: float = 0.1,
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = 1e-7,
+    ns_steps: int = 5,
+    adjust_lr_fn: str | None = None,
+    ns_dtype: Any = None,
+) -> GradientTransformation:
+    """``torch.optim.Muon``'s full step (same argument names and defaults) as one transform.
+
+    The update added to θ is −lr·(λ·θ + O_t) with O_t from :func:`scale_by_muon` (λ = ``weight_decay``):
+    torch's θ ← θ(1 − lr·λ) − lr·r·NS(B̃_t), where the decay uses the unadjusted lr. ``params``
+    must be passed to ``update`` when ``weight_decay`` ≠ 0. Set ``ns_dtype="bfloat16"`` to
+    reproduce torch's bfloat16 iteration.
+    """
+    if not lr >= 0:
+        raise ValueError(f"lr must be non-negative, got {lr!r}")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    inner = scale_by_muon(momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype)
+    lr_, wd = float(lr), float(weight_decay)
+
+    def init(params: Any) -> MuonState:
+        return MuonState(inner.init(params))
+
+    def update(updates: Any, state: MuonState, params: Any = None) -> tuple[Any, MuonState]:
+        if wd != 0.0 and params is None:
+            raise ValueError("muon: update needs params when weight_decay != 0 (decoupled weight decay)")
+        out, s = inner.update(updates, state.inner, params)
+        if wd != 0.0:
+            out = optree.tree_map(lambda o, p: -lr_ * (o + wd * p), out, params)
+        else:
+            out = optree.tree_map(lambda o: -lr_ * o, out)
+        return out, MuonState(s)
+
+    return GradientTransformation(init, update)
+
+
+# --------------------------------------------------------------------------------------------
+# manifold Muon
+# --------------------------------------------------------------------------------------------
+
+
+def manifold_muon_step(
+    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int = 2
+) -> tuple[Array, Array, Array | None]:
+    """One manifold-Muon step on a Stiefel or Grassmann point: (Y_new, A*, P_new).
+
+    A* = ``manifold.spectral_direction(Y, G)`` is the unit-spectral-norm tangent direction of
+    steepest ascent for G (the caller's momentum-averaged Euclidean gradient), and
+
+        Y_new = polar(Y − lr·A*),
+
+    so ``lr`` is the spectral length of the step. The polar retraction stays on the manifold: the
+    polar factor of any full-rank N×n matrix has orthonormal columns, and Y − lr·A* is always full
+    rank because its Gram matrix is I + lr²A*ᵀA* ⪰ I (the cross terms −lr(YᵀA* + A*ᵀY) vanish for a
+    Stiefel tangent and YᵀA* = 0 on Grassmann). Its singular values lie in [1, (1 + lr²)^{1/2}],
+    so the fast Gram-matrix route of :func:`geoarray.linalg.polar` (``method="eigh"``) is exact to
+    rounding here, and Y_new is orthonormal to rounding whatever the drift of Y.
+
+    Stiefel: the dual variable P (None or (..., n, n)) warm-starts ``n_iter`` dual iterations and
+    the new one is returned for the next step; see
+    :func:`geoarray.manifolds.spectral.stiefel_spectral_direction` for the accuracy per iteration.
+    A* is always feasible (tangent, ‖A*‖₂ ≤ 1); warm-started, its relative suboptimality
+    (‖[K+P;R]‖_* − ⟨G, A*⟩)/‖[K+P;R]‖_* was measured (float64, median over steps 10–60 of a noisy
+    Brockett run with EMA momentum 0.95, lr 0.01) at
+
+    ===========  =======  =======  =======  =======  =======
+    N×n          1 it.    2 it.    3 it.    5 it.    10 it.
+    ===========  =======  =======  =======  =======  =======
+    49×7         5e-3     2e-3     9e-4     2e-4     6e-6
+    256×32       7e-3     3e-3     2e-3     3e-4     1e-5
+    ===========  =======  =======  =======  =======  =======
+
+    so the default ``n_iter=2`` gives up 0.2–0.3 % of the attainable ⟨G, A⟩ — far below the
+    ±30 % spread of singular values that Muon's own Newton–Schulz accepts — at a cost of three
+    n×n ``eigh`` per step; raise it for an exact direction.
+    Grassmann: closed form, P is returned unchanged.
+    """
+    from ..manifolds.grassmann import Grassmann
+    from ..manifolds.stiefel import Stiefel
+
+    if not lr >= 0:
+        raise ValueError(f"lr must be non-negative, got {lr!r}")
+    if isinstance(manifold, Grassmann):
+        A = manifold.spectral_direction(Y, G)
+        P_new = P
+    elif isinstance(manifold, Stiefel):
+        A, P_new = manifold.spectral_direction(Y, G, P0=P, n_iter=n_iter)
+    else:
+        raise TypeError(f"manifold must be a Stiefel or Grassmann manifold, got {type(manifold).__name__}")
+    Y_new = linalg.polar(Y - lr * A, method="eigh")
+    return Y_new, A, P_new
