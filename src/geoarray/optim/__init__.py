@@ -16,7 +16,8 @@ schedules are in :mod:`geoarray.optim.schedules`; ``save_state``/``load_state`` 
 bit-exactly.
 """
 
-from . import schedules, transforms
+from . import muon, schedules, transforms
+from .manifold_muon import ManifoldMuon, ManifoldMuonState, Muon
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
 from .partition import PartitionedOptimizer, PartitionState, partition
 from .riemannian import NonFiniteGradientWarning, RiemannianOptimizer, RiemannianState, riemannian
@@ -43,7 +44,10 @@ __all__ = [
     "AdamWithDecay",
     "Gradient",
     "GradientTransformation",
+    "ManifoldMuon",
+    "ManifoldMuonState",
     "Momentum",
+    "Muon",
     "NonFiniteGradientWarning",
     "OptState",
     "Optimizer",
@@ -56,6 +60,7 @@ __all__ = [
     "clip_by_global_norm",
     "global_norm",
     "load_state",
+    "muon",
     "partition",
     "riemannian",
     "save_state",

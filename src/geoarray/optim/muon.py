@@ -24,13 +24,13 @@ J. Bernstein, "Modular Manifolds" (Thinking Machines Lab, 2025) for the manifold
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
 
 from .. import linalg
 from .._backend import array_namespace
+from .transforms import GradientTransformation
 
 __all__ = [
     "GradientTransformation",
@@ -47,13 +47,6 @@ Array = Any
 
 # Keller Jordan's coefficients, also torch.optim.Muon's defaults
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-
-
-class GradientTransformation(NamedTuple):
-    """``init(params) -> state`` and ``update(updates, state, params=None) -> (updates, state)``."""
-
-    init: Callable[[Any], Any]
-    update: Callable[..., tuple[Any, Any]]
 
 
 class NewtonSchulzState(NamedTuple):
@@ -256,7 +249,7 @@ def muon(
             out = optree.tree_map(lambda o: -lr_ * o, out)
         return out, MuonState(s)
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(init, update, uses_params=wd != 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -353,9 +353,13 @@ class RiemannianOptimizer:
     # -- update ------------------------------------------------------------------------------------------
 
     def _check_update_inputs(self, params: Any, grads: Any, state: Any) -> tuple[list, list, Any]:
-        layout = self.layout
         if not isinstance(state, RiemannianState):
             raise TypeError(f"state must be the RiemannianState returned by init, got {type(state).__name__}")
+        return self._check_params_and_grads(params, grads, len(state.sections))
+
+    def _check_params_and_grads(self, params: Any, grads: Any, n_groups: int) -> tuple[list, list, Any]:
+        """Tree structure, shapes, dtypes and devices of params and grads against the recorded layout."""
+        layout = self.layout
         leaves, treedef, _ = self._flatten_params(params)
         if treedef != layout.treedef:
             raise ValueError(
@@ -380,9 +384,9 @@ class RiemannianOptimizer:
                 raise ValueError(
                     f"grad of {path} is on device {_backend.device(g)}, the parameter on {_backend.device(p)}"
                 )
-        if len(state.sections) != len(layout.groups):
+        if n_groups != len(layout.groups):
             raise ValueError(
-                f"state has {len(state.sections)} parameter groups, this optimizer's layout {len(layout.groups)}: "
+                f"state has {n_groups} parameter groups, this optimizer's layout {len(layout.groups)}: "
                 "the state was built by another optimizer or for other parameters"
             )
         return leaves, gleaves, xp
