@@ -12,7 +12,9 @@ Two tasks (both NumPy, float64 unless stated):
 
 Variants: ``delta`` (δ = 3·10⁻⁷ inside the root, as Brantner's eq. 6 prints it) or ``eps``
 (ε = 3·10⁻⁷ outside the root, as GeometricMachineLearning.jl runs it) × the section strategy
-``householder``, ``rotated``, ``transported``, ``random``; for the ViT also unconstrained weights.
+``householder``, ``rotated``, ``transported``, ``random``; for the ViT also unconstrained weights and
+``manifold-muon`` (Q/K/V with :class:`~geoarray.optim.ManifoldMuon`, the rest with Adam of the given ε
+form, through :func:`~geoarray.optim.partition`).
 For the Householder frame the script counts the steps where the frame jumps
 (‖Q⊥(Y_t)ᵀQ⊥(Y_{t+1}) − I‖_F > 1, a pivot changing sign), per weight.
 
@@ -27,6 +29,7 @@ import statistics
 import time
 
 import numpy as np
+import optree
 
 import geoarray
 from geoarray import optim
@@ -80,7 +83,9 @@ def brockett(seed: int, form: str, section: str, *, N: int, n: int, m: int, step
 # ---------------------------------------------------------------------------------------------
 
 
-def vit(seed: int, form: str, section: str | None, *, epochs: int, batch_size: int, lr: float) -> dict:
+def vit(
+    seed: int, form: str, section: str | None, *, epochs: int, batch_size: int, lr: float, muon_lr: float = 5e-3
+) -> dict:
     import array_api_compat.numpy as xp
 
     from geoarray import models, nn, train
@@ -92,7 +97,13 @@ def vit(seed: int, form: str, section: str | None, *, epochs: int, batch_size: i
     test = (images.patches(x_test, 4), images.one_hot(l_test, 10))
     model = models.ClassificationTransformer(16, 4, 10, n_heads=4, n_layers=8, stiefel=section is not None)
     params = model.init(seed, xp=xp)
-    opt = optim.Adam(lr, section=section, seed=seed, **FORMS[form])
+    if section == "manifold-muon":  # Q/K/V with manifold Muon, everything else with Adam
+        labels = optree.tree_map(
+            lambda m: "adam" if m is None else "muon", model.manifolds(), is_leaf=lambda m: m is None, none_is_leaf=True
+        )
+        opt = optim.partition({"muon": optim.ManifoldMuon(muon_lr), "adam": optim.Adam(lr, **FORMS[form])}, labels)
+    else:
+        opt = optim.Adam(lr, section=section, seed=seed, **FORMS[form])
     result = train.fit(
         model, params, data, opt, nn.ClassificationL2Loss(), epochs=epochs, batch_size=batch_size, seed=seed,
         progress=False,
@@ -113,7 +124,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task", choices=["brockett", "vit"])
     parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=[*SECTIONS, "manifold-muon"])
+    parser.add_argument("--muon-lr", type=float, default=5e-3, help="vit, manifold-muon: ManifoldMuon's lr")
     parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=list(FORMS))
     parser.add_argument("--epochs", type=int, default=15, help="vit: epochs")
     parser.add_argument("--steps", type=int, default=400, help="brockett: steps")
@@ -121,7 +133,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=4, help="brockett: subspace dimension")
     args = parser.parse_args(argv)
     variants = [(f, s) for f in args.forms for s in args.sections]
-    if args.task == "vit":
+    if args.task == "vit" and "manifold-muon" not in args.sections:
         variants += [(f, None) for f in args.forms]
     print(f"{args.task}: {args.seeds} seeds per variant")
     header = "loss (mean ± std)" + ("   test acc." if args.task == "vit" else "   frame jumps/step")
@@ -133,7 +145,7 @@ def main(argv=None) -> None:
             if args.task == "brockett":
                 runs.append(brockett(seed, form, section, N=args.N, n=args.n, m=16, steps=args.steps, lr=1e-2))
             else:
-                runs.append(vit(seed, form, section, epochs=args.epochs, batch_size=64, lr=1e-3))
+                runs.append(vit(seed, form, section, epochs=args.epochs, batch_size=64, lr=1e-3, muon_lr=args.muon_lr))
         extra = "acc" if args.task == "vit" else "jumps"
         label = section or "unconstrained"
         print(
