@@ -59,7 +59,15 @@ class Adam(RiemannianOptimizer):
     ``delta`` is inside the square root, exactly as eq. 6 prints it; ``eps`` is outside, as in
     ``torch.optim.Adam``, optax and GeometricMachineLearning.jl (see
     :func:`~geoarray.optim.transforms.scale_by_adam`). B₁ and B₂ are the bias-corrected moments m̂ₜ
-    and v̂ₜ of standard Adam. Defaults are the paper's Table 1.
+    and v̂ₜ of standard Adam. Defaults are the paper's Table 1: δ = 3·10⁻⁷ inside the root, ε = 0.
+
+    Defaults measured (``python examples/optimizer_sweep.py vit --seeds 32``: the paper's vision
+    transformer on scikit-learn's digits, 8 blocks, Stiefel Q/K/V, lr 1e-3, 15 epochs, final training
+    loss mean ± std over 32 seeds): δ inside 0.532 ± 0.14 (Householder frame), 0.542 ± 0.14
+    (``section="rotated"``), 0.526 ± 0.15 (``"transported"``); ε = 3·10⁻⁷ outside 0.532 ± 0.14,
+    0.529 ± 0.14, 0.515 ± 0.13. No variant differs from the default by more than one standard error
+    of the difference (≈ 0.035), so the defaults stay as printed in the paper; ``eps=`` and
+    ``section=`` select the others.
     """
 
     def __init__(
