@@ -368,7 +368,10 @@ def fit(
             raise TypeError(f"fit: metrics[{name!r}] must be callable, got {type(fn).__name__}")
     if manifolds is None:
         manifolds = model.manifolds()
-    state = optimizer.init(params, manifolds) if opt_state is None else opt_state
+    # init records the manifolds and grouping on the optimizer even when a saved state is resumed
+    state = optimizer.init(params, manifolds)
+    if opt_state is not None:
+        state = opt_state
 
     grad_fn = _maybe_jit(lambda p, xb, yb: value_and_grad(model, loss, p, xb, yb, grad=mode), xp, bool(jit))
     update_fn = _maybe_jit(optimizer.update, xp, bool(jit))

@@ -353,6 +353,7 @@ class RiemannianOptimizer:
     # -- update ------------------------------------------------------------------------------------------
 
     def _check_update_inputs(self, params: Any, grads: Any, state: Any) -> tuple[list, list, Any]:
+        self.layout  # noqa: B018  (raises before the first init)
         if not isinstance(state, RiemannianState):
             raise TypeError(f"state must be the RiemannianState returned by init, got {type(state).__name__}")
         return self._check_params_and_grads(params, grads, len(state.sections))
