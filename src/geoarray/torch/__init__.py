@@ -36,7 +36,18 @@ and are unaffected.
 from __future__ import annotations
 
 from . import nn
-from .optim import Adam, AdamWithDecay, Gradient, Momentum, Optimizer
+from .optim import Adam, AdamWithDecay, Gradient, ManifoldMuon, Momentum, Muon, Optimizer
 from .parameter import ManifoldParameter, manifold_of
 
-__all__ = ["Adam", "AdamWithDecay", "Gradient", "ManifoldParameter", "Momentum", "Optimizer", "manifold_of", "nn"]
+__all__ = [
+    "Adam",
+    "AdamWithDecay",
+    "Gradient",
+    "ManifoldMuon",
+    "ManifoldParameter",
+    "Momentum",
+    "Muon",
+    "Optimizer",
+    "manifold_of",
+    "nn",
+]

@@ -57,7 +57,7 @@ from ..optim.riemannian import RiemannianOptimizer, RiemannianState
 from ..optim.transforms import GradientTransformation
 from .parameter import check_manifold_tensor, manifold_of
 
-__all__ = ["Adam", "AdamWithDecay", "Gradient", "Momentum", "Optimizer"]
+__all__ = ["Adam", "AdamWithDecay", "Gradient", "ManifoldMuon", "Momentum", "Muon", "Optimizer"]
 
 _FORMAT = "geoarray.torch.Optimizer"
 _FORMAT_VERSION = 1
@@ -297,9 +297,14 @@ class Optimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        # torch's load_state_dict also calls __setstate__, with only "state" and "param_groups"
+        has_factory = "_factory" in state
         cohorts, factory = state.pop("_cohorts", None), state.pop("_factory", None)
         super().__setstate__(state)
-        self._factory = self._core_for if isinstance(self, _Method) else factory
+        if isinstance(self, _Method):
+            self._factory = self._core_for
+        elif has_factory:
+            self._factory = factory
         self._cohorts = cohorts if cohorts is not None else [[] for _ in self.param_groups]
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -555,3 +560,24 @@ class AdamWithDecay(_Method):
             steps_per_epoch=group["steps_per_epoch"],
             **self._opts(group),
         )
+
+
+class ManifoldMuon(Optimizer):
+    """:class:`geoarray.optim.ManifoldMuon` as a ``torch.optim.Optimizer``: manifold Muon on
+    ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
+
+    One core serves every param group (its ``lr`` is fixed at construction: torch's LR schedulers,
+    which edit ``group["lr"]``, do not reach it). Vectors and scalars are refused with a pointer to a
+    second optimizer: give them ``geoarray.torch.Adam``.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 5e-3, **kwargs: Any):
+        super().__init__(params, _optim.ManifoldMuon(lr, **kwargs))
+
+
+class Muon(Optimizer):
+    """:class:`geoarray.optim.Muon` — ``torch.optim.Muon``'s algorithm through the array-API core — as a
+    ``torch.optim.Optimizer``, for plain matrix tensors (see :class:`ManifoldMuon` for the limits)."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, **kwargs: Any):
+        super().__init__(params, _optim.Muon(lr, **kwargs))
