@@ -32,7 +32,7 @@ def test_stormer_verlet_order_two(xp):
 
 
 def test_rigid_body_invariants_conserved(xp):
-    z0 = systems.rigid_body_initial_conditions(xp=xp)[::100]
+    z0 = systems.rigid_body_initial_conditions(xp=xp)[::100, ...]
     traj = systems.rigid_body_trajectories(z0, 50)
     norm, energy = systems.rigid_body_invariants(traj)
     assert np.abs(np.asarray(norm) - 1).max() < 1e-11

@@ -73,10 +73,10 @@ def test_iterate_rolls_windows_forward(xp, device):
     assert out.shape == (2, T + 7, 4)
     y1 = model.apply(params, x)
     y2 = model.apply(params, y1)
-    np.testing.assert_allclose(np.asarray(out[:, T : 2 * T]), np.asarray(y1), rtol=1e-13, atol=1e-13)
-    np.testing.assert_allclose(np.asarray(out[:, 2 * T : 3 * T]), np.asarray(y2), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(out[:, T : 2 * T, :]), np.asarray(y1), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(out[:, 2 * T : 3 * T, :]), np.asarray(y2), rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="initial_window"):
-        models.iterate(model, params, x[:, :2], 3)
+        models.iterate(model, params, x[:, :2, :], 3)
 
 
 def test_bad_sizes():

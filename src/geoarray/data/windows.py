@@ -71,4 +71,5 @@ def batches(
     n = inputs.shape[0]
     stop = n - n % batch_size if drop_last else n
     for i in range(0, stop, batch_size):
-        yield inputs[i : i + batch_size], targets[i : i + batch_size]
+        j = min(i + batch_size, n)  # out-of-bounds slice stops are unspecified in the array API
+        yield inputs[i:j, ...], targets[i:j, ...]
