@@ -127,7 +127,7 @@ COUPLED_OSCILLATOR = {"m1": 2.0, "m2": 1.0, "k1": 1.5, "k2": 0.3, "k": 1.0}
 
 
 def _sigmoid(x: Array, xp: Any) -> Array:
-    return 1 / (1 + xp.exp(-x))
+    return (1 + xp.tanh(x / 2)) / 2  # = 1/(1 + e⁻ˣ), without overflow for large |x|
 
 
 def coupled_oscillator_grad_V(q: Array, **params: float) -> Array:
