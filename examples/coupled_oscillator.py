@@ -72,7 +72,7 @@ def main() -> None:
     print(f"\n| model | final train loss | rel. error ({args.rollout} steps) | max |H − H₀| | seconds |")
     print("|---|---|---|---|---|")
     for name, loss, rel, drift, sec in rows:
-        print(f"| {name} | {loss:.3e} | {rel:.3f} | {drift:.3e} | {sec:.1f} |")
+        print(f"| {name} | {loss:.3e} | {rel:.3g} | {drift:.3e} | {sec:.1f} |")
 
 
 if __name__ == "__main__":
