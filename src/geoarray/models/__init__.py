@@ -2,5 +2,19 @@
 composed from the layers of :mod:`geoarray.nn`."""
 
 from .classification import ClassificationTransformer
+from .rollout import iterate
+from .standard import StandardTransformerIntegrator
+from .symplectic import GSympNet, LASympNet, LinearSymplecticTransformer, SymplecticTransformer
+from .volume_preserving import VolumePreservingFeedForward, VolumePreservingTransformer
 
-__all__ = ["ClassificationTransformer"]
+__all__ = [
+    "ClassificationTransformer",
+    "GSympNet",
+    "LASympNet",
+    "LinearSymplecticTransformer",
+    "StandardTransformerIntegrator",
+    "SymplecticTransformer",
+    "VolumePreservingFeedForward",
+    "VolumePreservingTransformer",
+    "iterate",
+]
