@@ -393,7 +393,8 @@ def fit(
                 perm = xp.asarray(rng.permutation(n), device=dev)
                 total, seen = 0.0, 0
                 for b in range(n_batches):
-                    idx = perm[b * batch_size : (b + 1) * batch_size]
+                    # min(): array-api-strict refuses slices that run past the end
+                    idx = perm[b * batch_size : min((b + 1) * batch_size, n)]
                     xb = xp.take(inputs, idx, axis=0)
                     yb = xp.take(targets, idx, axis=0)
                     value, grads = grad_fn(result.params, xb, yb)
