@@ -65,7 +65,7 @@ def _make_session(name: str, backend: str, tag: str):
     @nox.session(name=f"tests-{name}", tags=[tag])
     def run(session: nox.Session) -> None:
         session.install("-r", str(requirements))
-        session.install(".[test]")
+        session.install(".[test,demo]")  # demo: scikit-learn digits, matplotlib, tqdm (CLI and training tests)
         session.run(
             "pytest",
             "-p",
