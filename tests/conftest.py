@@ -57,3 +57,27 @@ def xp(backend):
 @pytest.fixture(scope="session")
 def device(backend):
     return backend.device
+
+
+# -- geoarray.torch tests --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def torch_only(backend):
+    """Skip outside the torch sessions (use as ``pytestmark = pytest.mark.usefixtures("torch_only")``)."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+
+
+@pytest.fixture
+def torch(torch_only):
+    import torch
+
+    return torch
+
+
+@pytest.fixture
+def gt(torch_only):
+    import geoarray.torch
+
+    return geoarray.torch

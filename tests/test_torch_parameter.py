@@ -11,25 +11,8 @@ import pytest
 
 from geoarray import Grassmann, Stiefel
 
-
-@pytest.fixture(autouse=True)
-def _torch_only(backend):
-    if backend.kind != "torch":
-        pytest.skip("geoarray.torch needs torch tensors")
-
-
-@pytest.fixture
-def torch():
-    import torch
-
-    return torch
-
-
-@pytest.fixture
-def gt():
-    import geoarray.torch
-
-    return geoarray.torch
+# torch_only, torch and gt: tests/conftest.py
+pytestmark = pytest.mark.usefixtures("torch_only")
 
 
 def _param(torch, gt, device, M=None, seed=0):
