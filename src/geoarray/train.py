@@ -255,11 +255,10 @@ def load_checkpoint(path: str | os.PathLike, *, like_params: Any, like_state: An
         if layout != _params_layout(like_params):
             raise ValueError(f"load_checkpoint: {pfile!r} holds parameters of a different layout than like_params")
         host = [data[f"leaf_{i:05d}"] for i in range(len(leaves))]
-    out = []
-    for h, ref in zip(host, leaves, strict=True):
-        xp = _backend.array_namespace(ref)
-        out.append(xp.asarray(h, dtype=ref.dtype, device=_backend.device(ref)))
-    params = optree.tree_unflatten(treedef, out)
+    # like_params' memory layout too: on torch a column-major weight restored row-major would round differently
+    params = optree.tree_unflatten(
+        treedef, [_backend.from_host_like(h, ref) for h, ref in zip(host, leaves, strict=True)]
+    )
     opt_state = load_state(os.path.join(path, "opt_state.npz"), like=like_state)
     with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
         meta = json.load(fh)
