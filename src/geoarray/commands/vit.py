@@ -58,7 +58,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``demo``."""
     p = subparsers.add_parser(
         "demo",
-        help="Stiefel vs unconstrained vision transformer on digits (about a minute)",
+        help="Stiefel vs unconstrained vision transformer on digits (about 20 s on 2 cores)",
         description=(
             "Train the vision transformer on scikit-learn's 8x8 digits twice from the same seed: Stiefel "
             "Q/K/V weights with manifold Adam, and unconstrained weights with Adam (no layer norm in "
