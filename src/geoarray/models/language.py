@@ -549,7 +549,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
                 arch="gpt2",
                 n_layers=hf["n_layer"],
                 n_heads=H,
-                d_head=d // H,
+                d_head=hf.get("head_dim") or d // H,
                 d_model=d,
                 d_ff=hf.get("n_inner") or 4 * d,
                 vocab=hf["vocab_size"],
@@ -567,7 +567,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
                 arch="bert",
                 n_layers=hf["num_hidden_layers"],
                 n_heads=H,
-                d_head=d // H,
+                d_head=hf.get("head_dim") or d // H,
                 d_model=d,
                 d_ff=hf["intermediate_size"],
                 vocab=hf["vocab_size"],
@@ -607,6 +607,7 @@ def _hf_config(config: LanguageModelConfig) -> dict[str, Any]:
             "n_layer": c.n_layers,
             "n_head": c.n_heads,
             "n_embd": c.d_model,
+            "head_dim": c.d_head,  # not a transformers key: GPT-2 there has d_head = n_embd / n_head
             "n_inner": c.d_ff,
             "vocab_size": c.vocab,
             "n_positions": c.n_ctx,
@@ -619,6 +620,7 @@ def _hf_config(config: LanguageModelConfig) -> dict[str, Any]:
             "model_type": "bert",
             "num_hidden_layers": c.n_layers,
             "num_attention_heads": c.n_heads,
+            "head_dim": c.d_head,  # not a transformers key: BERT there has head size = hidden / heads
             "hidden_size": c.d_model,
             "intermediate_size": c.d_ff,
             "vocab_size": c.vocab,
@@ -885,9 +887,13 @@ def load_checkpoint(
             with open(cfg_path) as fh:
                 config = config_from_hf(json.load(fh))
         else:
+            try:
+                layout = f"looks like {_infer_arch(sd)}"
+            except ValueError:
+                layout = "not recognised"
             raise ValueError(
                 f"checkpoint {st_path!r} carries no configuration (no geoarray metadata, no config.json beside it); "
-                f"pass config= (layout looks like {_infer_arch(sd)})"
+                f"pass config= (layout {layout})"
             )
     c = as_config(config)
     import numpy as np
