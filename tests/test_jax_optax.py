@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _jax_common import problem, require_jax
 
 import geoarray as ga
