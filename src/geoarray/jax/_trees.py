@@ -60,6 +60,13 @@ def _is_jax_array(x: Any) -> bool:
     return isinstance(x, jax.Array)  # tracers included
 
 
+def _is_function(x: Any) -> bool:
+    """A callable that is not itself a tree (an equinox module is callable, and a tree of manifolds)."""
+    if not callable(x) or isinstance(x, Manifold):
+        return False
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x, is_leaf=_is_manifold_leaf))
+
+
 def flatten(tree: Any, name: str) -> tuple[dict[str, Any], list[str], Any]:
     """``tree`` as ``({path: leaf}, paths in tree order, treedef)``; every leaf must be a JAX array."""
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -94,7 +101,7 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
     """
     if manifolds is None:
         return dict.fromkeys(flat_params)
-    if callable(manifolds) and not isinstance(manifolds, Manifold):
+    if _is_function(manifolds):
         manifolds = manifolds(params)
     pairs, _ = jax.tree_util.tree_flatten_with_path(manifolds, is_leaf=_is_manifold_leaf)
     found: dict[str, Any] = {}
