@@ -106,7 +106,7 @@ def test_equinox_module_trains_with_a_stiefel_weight():
     step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=2e-2), params, mans)
     p, first = params, float(loss(params, (x, t)))
     for _ in range(5):
-        p, state, value = step(p, state, (x, t))
+        p, state, _ = step(p, state, (x, t))
     assert ga.Stiefel(6, 3).is_point(p.embed.weight, atol=1e-12)
     assert float(loss(p, (x, t))) < first
     assert not np.allclose(np.asarray(p.head.bias), np.asarray(params.head.bias))
