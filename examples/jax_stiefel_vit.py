@@ -4,11 +4,12 @@ The experiment of Brantner, *Generalizing Adam to Manifolds for Efficiently Trai
 (the MNIST vision transformer) scaled to the 8×8 digits: 4 patches of 4×4 pixels (patch dimension
 16), 4 heads whose query/key/value projections are points of St(16, 4), L blocks of [multi-head
 attention with add connection, tanh feed-forward with add connection], classification from the last
-patch with a softmax, the paper's L2 loss. The model is geoarray's (written once against the array
-API); JAX differentiates it and ``geoarray.jax.make_train_step`` jits the step: ``jax.value_and_grad``
-followed by manifold Adam (Algorithm 1) on every weight. ``--optax`` runs the same optimizer through
-optax instead — ``optax.chain(optax.clip_by_global_norm(...), geoarray.jax.optax_transform(...))`` —
-applied with ``geoarray.jax.apply_updates``.
+patch with a softmax, the paper's L2 loss. The model is geoarray's (``geoarray.models.
+ClassificationTransformer``, or the same chain of ``geoarray.nn`` layers where that module is absent),
+written once against the array API. JAX differentiates it and ``geoarray.jax.make_train_step`` jits
+the step: ``jax.value_and_grad`` followed by manifold Adam (Algorithm 1) on every weight. ``--optax``
+runs the same optimizer through optax instead — ``optax.chain(optax.clip_by_global_norm(...),
+geoarray.jax.optax_transform(...))`` — applied with ``geoarray.jax.apply_updates``.
 
 Printed per epoch: training loss and test accuracy (25 % of the digits held out); at the end the
 largest orthonormality error max |YᵀY − I| over all Stiefel weights.
@@ -48,7 +49,14 @@ def digits(seed: int):
     return (x[train], t[train]), (x[test], t[test])
 
 
-def vision_transformer(layers: int) -> nn.Chain:
+def vision_transformer(layers: int):
+    """``geoarray.models.ClassificationTransformer`` where it exists, else the same chain of geoarray.nn layers."""
+    try:
+        from geoarray.models import ClassificationTransformer
+    except ImportError:
+        pass
+    else:
+        return ClassificationTransformer(16, 4, 10, n_heads=4, n_layers=layers, stiefel=True)
     blocks = []
     for _ in range(layers):
         blocks += [nn.MultiHeadAttention(16, 4, stiefel=True), nn.ResNetLayer(16, "tanh")]
@@ -109,13 +117,13 @@ def main(argv=None) -> None:
                 f"epoch {epoch:3d}  train loss {total / n_batches:.4f}  test accuracy {acc:.3f}  "
                 f"({time.perf_counter() - t0:.0f} s)"
             )
+    is_manifold = lambda m: m is None or isinstance(m, ga.manifolds.base.Manifold)  # noqa: E731
     orth = 0.0
-    for layer_params, layer_mans in zip(params, manifolds, strict=True):
-        for key, M in layer_mans.items():
-            if M is not None:
-                Y = np.asarray(layer_params[key], dtype=np.float64)
-                gram = np.swapaxes(Y, -1, -2) @ Y
-                orth = max(orth, float(np.max(np.abs(gram - np.eye(Y.shape[-1])))))
+    mans = jax.tree_util.tree_leaves(manifolds, is_leaf=is_manifold)
+    for Y, M in zip(jax.tree_util.tree_leaves(params), mans, strict=True):
+        if M is not None:
+            Y = np.asarray(Y, dtype=np.float64)
+            orth = max(orth, float(np.max(np.abs(np.swapaxes(Y, -1, -2) @ Y - np.eye(Y.shape[-1])))))
     print(f"max |YᵀY − I| over the Stiefel weights: {orth:.1e}; max-entropy loss √0.9 = {0.9**0.5:.3f}")
 
 
