@@ -78,8 +78,9 @@ def test_rebinding_the_callers_optimizer_leaves_a_built_step_alone():
     assert set(p) == {"Y", "w"} and mans["Y"].is_point(p["Y"], atol=1e-12)
 
 
-def test_has_aux_and_tuple_params():
-    """``has_aux=True`` returns (loss, aux); params may be any pytree (here a tuple of dicts)."""
+def test_has_aux_tuple_params_and_donation():
+    """``has_aux=True`` returns (loss, aux); params may be any pytree (here a tuple of dicts); ``donate=True``
+    hands the buffers of params and state to the step (the inputs are deleted afterwards)."""
     import jax.numpy as jnp
 
     params, mans, batch, loss = problem()
@@ -89,8 +90,10 @@ def test_has_aux_and_tuple_params():
         value = loss(t[0], b) * t[1]["s"]
         return value, {"double": 2 * value}
 
-    step, state = ga.jax.make_train_step(loss_aux, ga.optim.Momentum(lr=0.05), tree, tree_mans, has_aux=True)
+    step, state = ga.jax.make_train_step(loss_aux, ga.optim.Adam(lr=0.05), tree, tree_mans, has_aux=True, donate=True)
+    old_state = state
     new, state, (value, aux) = step(tree, state, batch)
+    assert tree[0]["Y"].is_deleted() and old_state.step.is_deleted()
     assert float(aux["double"]) == 2 * float(value)
     assert isinstance(new, tuple) and mans["Y"].is_point(new[0]["Y"], atol=1e-12)
 

@@ -104,6 +104,10 @@ def make_train_step(
         )
 
     donate_argnums = (0, 1) if donate else ()
+    if donate:
+        # states may hold one buffer in two places (e.g. Adam's two zero moments), and XLA refuses to
+        # take a buffer donated twice: give every leaf its own
+        state = jax.tree_util.tree_map(lambda a: jax.numpy.array(a, copy=True), state)
     if mesh is None:
         return jax.jit(step, donate_argnums=donate_argnums), state
     from jax.sharding import NamedSharding, PartitionSpec
