@@ -19,7 +19,8 @@ optax = pytest.importorskip("optax", reason="optax is not installed (pip install
 
 def test_updates_land_on_the_manifold_and_apply_updates_is_exact():
     """One step: ``gj.apply_updates`` returns the retracted point bit for bit; ``optax.apply_updates`` (Y + (Y'−Y))
-    is within 4 ulp of it; both equal the core optimizer's step to 1e-15."""
+    is within 4 ulp of it; both are points of St(6, 2) to 1e-13. (That the step is the core optimizer's:
+    test_jax_train.py.)"""
     import jax
 
     params, mans, batch, loss = problem()
@@ -32,10 +33,7 @@ def test_updates_land_on_the_manifold_and_apply_updates_is_exact():
     Yp = np.asarray(state.points["Y"])
     assert np.array_equal(np.asarray(exact["Y"]), Yp)
     assert np.max(np.abs(np.asarray(added["Y"]) - Yp)) <= 4 * np.finfo(np.float64).eps
-    core = ga.optim.Adam(lr=1e-2)
-    core_state = core.init(params, mans)
-    ref, _ = jax.jit(core.update)(params, grads, core_state)
-    np.testing.assert_allclose(np.asarray(exact["Y"]), np.asarray(ref["Y"]), rtol=0, atol=1e-15)
+    assert mans["Y"].is_point(exact["Y"], atol=1e-13) and mans["Y"].is_point(added["Y"], atol=1e-13)
 
 
 @pytest.mark.parametrize(("dtype", "bound"), [("float64", 1e-13), ("float32", 1e-4)])
