@@ -1,0 +1,89 @@
+"""Data parallelism: make_train_step over a 4-device jax.sharding.Mesh equals the single-device step.
+
+The host platform is split into 4 CPU devices by ``XLA_FLAGS=--xla_force_host_platform_device_count=4``,
+which must be set before JAX initialises, so the check runs in a fresh interpreter (bounded time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _jax_common import require_jax
+
+import geoarray as ga
+
+
+@pytest.fixture(autouse=True)
+def _jax_only(backend):
+    require_jax(backend)
+
+
+SCRIPT = r"""
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import geoarray as ga
+
+M = ga.Stiefel(6, 2)
+params = {"Y": M.random(0, xp=jnp, dtype="float64"), "w": jnp.ones(2)}
+mans = {"Y": M, "w": None}
+x = ga.random.normal(1, (5, 16, 6), xp=jnp, dtype="float64")  # 5 steps of 16 samples
+t = jnp.sin(jnp.arange(80.0)).reshape(5, 16)
+
+def loss(p, b):
+    return jnp.mean((jnp.tanh(b[0] @ p["Y"]) @ p["w"] - b[1]) ** 2)
+
+mesh = Mesh(np.array(jax.devices()), ("data",))
+one, s1 = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans)
+par, sN = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans, mesh=mesh)
+p1, pN = params, jax.device_put(params, NamedSharding(mesh, P()))
+split = NamedSharding(mesh, P("data"))
+for k in range(5):
+    p1, s1, l1 = one(p1, s1, (x[k], t[k]))
+    batch = jax.device_put((x[k], t[k]), split)  # what the step's in_shardings ask for
+    pN, sN, lN = par(pN, sN, batch)
+leaves1 = jax.tree_util.tree_leaves((p1, s1, l1))
+leavesN = jax.tree_util.tree_leaves((pN, sN, lN))
+diff = max(float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+           for a, b in zip(leaves1, leavesN))
+shards = [np.asarray(s.data) for s in pN["Y"].addressable_shards]
+print(json.dumps({
+    "devices": jax.device_count(),
+    "diff": diff,
+    "replicated": bool(pN["Y"].sharding.is_fully_replicated) and len(pN["Y"].sharding.device_set) == 4,
+    "replicas_identical": all(np.array_equal(shards[0], s) for s in shards[1:]) and len(shards) == 4,
+    "batch_split": [tuple(s.data.shape) for s in batch[0].addressable_shards] == [(4, 6)] * 4,
+    "on_manifold": bool(M.is_point(pN["Y"], atol=1e-12)),
+    "steps": int(sN.step),
+}))
+"""
+
+
+def test_data_parallel_step_over_a_mesh_equals_the_single_device_step():
+    """5 Adam steps, St(6, 2) weight, batch of 16 split over 4 devices: parameters, optimizer state and loss equal
+    the single-device run to 1e-12 (float64); each device holds 4 samples of each batch; the parameters stay
+    replicated with bit-identical replicas."""
+    src = str(Path(ga.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=180, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the 4-device subprocess did not finish within 180 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4
+    assert result["diff"] <= 1e-12, result
+    assert result["replicated"] and result["replicas_identical"], result
+    assert result["batch_split"], result
+    assert result["on_manifold"] and result["steps"] == 5, result

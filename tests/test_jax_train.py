@@ -1,0 +1,154 @@
+"""geoarray.jax.make_train_step: a jitted step equal to the core optimizer's, and errors naming the parameter."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from _jax_common import problem, require_jax
+
+import geoarray as ga
+
+
+@pytest.fixture(autouse=True)
+def _jax_only(backend):
+    require_jax(backend)
+
+
+def test_import_geoarray_does_not_import_jax():
+    """``import geoarray`` stays free of JAX; ``geoarray.jax`` is reached lazily (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(ga.__file__).resolve().parents[1])
+    code = "import sys, geoarray; assert 'jax' not in sys.modules; import geoarray.jax; assert 'jax' in sys.modules"
+    env = {"PYTHONPATH": src, "JAX_PLATFORMS": "cpu", "PATH": ""}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
+
+
+def test_train_step_equals_core_updates_and_stays_on_the_manifold():
+    """5 jitted steps = 5 core ``opt.update`` calls on jax.grad gradients (to 1e-12), Y on St(6, 2) to 1e-12,
+    the loss decreases; the caller's optimizer is not bound (the step holds its own copy). With
+    ``optax_transform`` in place of the optimizer (applied exactly), the step is the same to 1e-12."""
+    import jax
+
+    params, mans, batch, loss = problem()
+    opt = ga.optim.Adam(lr=1e-2)
+    step, state = ga.jax.make_train_step(loss, opt, params, mans)
+    with pytest.raises(RuntimeError, match="has not been initialised"):
+        opt.layout  # noqa: B018 - the step initialised a copy
+
+    ref_opt = ga.optim.Adam(lr=1e-2)
+    ref_p, ref_s = params, ref_opt.init(params, mans)
+    ref_update = jax.jit(lambda p, s: ref_opt.update(p, jax.grad(loss)(p, batch), s))
+    p, s, losses = params, state, []
+    for _ in range(5):
+        p, s, value = step(p, s, batch)
+        losses.append(float(value))
+        ref_p, ref_s = ref_update(ref_p, ref_s)
+    for k in ("Y", "w"):
+        np.testing.assert_allclose(np.asarray(p[k]), np.asarray(ref_p[k]), rtol=0, atol=1e-12)
+    assert int(s.step) == 5
+    assert mans["Y"].is_point(p["Y"], atol=1e-12)
+    assert losses[-1] < losses[0]
+
+    try:
+        import optax  # noqa: F401
+    except ImportError:
+        pytest.skip("optax is not installed (pip install optax): the optax half of this test did not run")
+    step_x, s_x = ga.jax.make_train_step(loss, ga.jax.optax_transform(mans, "adam", lr=1e-2), params)
+    q = params
+    for _ in range(5):
+        q, s_x, value_x = step_x(q, s_x, batch)
+    for k in ("Y", "w"):
+        np.testing.assert_allclose(np.asarray(q[k]), np.asarray(p[k]), rtol=0, atol=1e-12)
+    assert float(value_x) == pytest.approx(losses[-1], abs=1e-12)
+
+
+def test_rebinding_the_callers_optimizer_leaves_a_built_step_alone():
+    """After ``opt.init`` for another tree, the step built from ``opt`` still updates its own tree."""
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    opt = ga.optim.Gradient(lr=0.1)
+    step, state = ga.jax.make_train_step(loss, opt, params, mans)
+    opt.init({"other": jnp.zeros(3)})
+    p, _, _ = step(params, state, batch)
+    assert set(p) == {"Y", "w"} and mans["Y"].is_point(p["Y"], atol=1e-12)
+
+
+def test_has_aux_tuple_params_and_donation():
+    """``has_aux=True`` returns (loss, aux); params may be any pytree (here a tuple of dicts); ``donate=True``
+    hands the buffers of params and state to the step (the inputs are deleted afterwards)."""
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    tree, tree_mans = (params, {"s": jnp.ones(())}), (mans, {"s": None})
+
+    def loss_aux(t, b):
+        value = loss(t[0], b) * t[1]["s"]
+        return value, {"double": 2 * value}
+
+    step, state = ga.jax.make_train_step(loss_aux, ga.optim.Adam(lr=0.05), tree, tree_mans, has_aux=True, donate=True)
+    old_state = state
+    new, state, (value, aux) = step(tree, state, batch)
+    assert tree[0]["Y"].is_deleted() and old_state.step.is_deleted()
+    assert float(aux["double"]) == 2 * float(value)
+    assert isinstance(new, tuple) and mans["Y"].is_point(new[0]["Y"], atol=1e-12)
+
+
+# -- bad input: errors name the parameter, raised at make_train_step (before any step) -----------------
+
+
+def _bad(kind):
+    import jax.numpy as jnp
+
+    params, mans, _, loss = problem()
+    if kind == "shape":
+        params = {**params, "Y": params["Y"][:5]}  # (5, 2) for Stiefel(6, 2)
+    elif kind == "off-manifold":
+        params = {**params, "Y": 2.0 * params["Y"]}
+    elif kind == "dtype":
+        params = {**params, "Y": jnp.zeros((6, 2), dtype=jnp.int32)}
+    elif kind == "not-an-array":
+        params = {**params, "act": "tanh"}
+        mans = {**mans, "act": None}
+    elif kind == "missing-manifold":
+        mans = {"w": None}
+    elif kind == "stray-manifold":
+        mans = {**mans, "Z": ga.Stiefel(3, 1)}
+    return params, mans, loss
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "pattern"),
+    [
+        ("shape", ValueError, r"params\['Y'\] has shape \(5, 2\), which does not end in \(6, 2\)"),
+        ("off-manifold", ValueError, r"params\['Y'\] is not a point of Stiefel\(6, 2\)"),
+        ("dtype", TypeError, r"params\['Y'\] must have a real floating dtype"),
+        ("not-an-array", TypeError, r"params\['act'\] is a str, not a JAX array"),
+        ("missing-manifold", ValueError, r"manifolds has no entry for the parameter\(s\) \['Y'\]"),
+        ("stray-manifold", ValueError, r"manifolds names a manifold at \['Z'\], where params has no array"),
+    ],
+)
+def test_bad_parameters_raise_naming_the_parameter(kind, error, pattern):
+    params, mans, loss = _bad(kind)
+    opt = ga.optim.Adam(lr=1e-2)
+    with pytest.raises(error, match=pattern):
+        ga.jax.make_train_step(loss, opt, params, mans)
+
+
+def test_a_gradient_of_another_dtype_is_refused_naming_the_parameter():
+    """A float32 gradient for a float64 weight (autodiff cannot produce one, so through the optax entry point,
+    where users pass gradients themselves): TypeError naming the leaf, raised before the state changes."""
+    pytest.importorskip("optax", reason="optax is not installed (pip install optax)")
+    import jax.numpy as jnp
+
+    params, mans, _, _ = problem()
+    tx = ga.jax.optax_transform(mans, "gradient", lr=0.1)
+    state = tx.init(params)
+    grads = {"Y": jnp.ones((6, 2), dtype=jnp.float32), "w": jnp.ones((2,))}
+    with pytest.raises(TypeError, match=re.escape("grad of params['Y'] has dtype float32, the parameter float64")):
+        tx.update(grads, state, params)
