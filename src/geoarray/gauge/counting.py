@@ -46,8 +46,9 @@ reparametrisations (rotations, GL(d_h), scalings and translations), with a break
     U → U + u 1ᵀ changes every logit of a position by the same amount: d_e (untied decoders).
 ``mlp_scale``
     positively homogeneous (ReLU) or gated (SwiGLU, the up projection) units: W_in[:, j] → s W_in[:, j],
-    W_out[j] → W_out[j]/s, one per hidden unit. The paper's f = 1 (eq. 16 ff.) misses these; tanh/erf
-    GELU units have none.
+    W_out[j] → W_out[j]/s, one per hidden unit. The paper's f = 1 (after eq. 16) misses these; tanh/erf
+    GELU units have none. (For ReLU the count assumes every unit is active on some inputs and inactive
+    on others; an always-active unit is linear and its bias could move into b_out.)
 
 Where this differs from eq. 17 (gpt2: 1,347,352 against 1,473,409): eq. 17 counts the residual
 rotation, which tied embeddings break (−293,761), and misses the norm, bias, mean and embedding
@@ -58,9 +59,9 @@ d_h² per head for queries/keys (−83,230,720), RMSNorm gives SO(d_e) rather th
 :func:`numerical_redundancy` is the referee: the nullity of the Jacobian on many inputs, by SVD.
 Outputs are log-probabilities for decoders (so a per-position shift of the logits is invisible) and
 hidden states for the encoder. Approximate symmetries broken only by the norms' ε (rescaling the
-residual stream: one for pre-norm decoders, 2L + 1 for post-LN encoders) have singular values
-≈ ε/100 relative to the largest; they are not symmetries and not counted, but they look null when ε is
-below the threshold (e.g. BERT's default ε = 1e-12; see :func:`numerical_redundancy`).
+residual stream: one for pre-norm decoders, 2L + 1 for post-LN encoders) have singular values that
+shrink with ε; they are not symmetries and not counted, but they look null when ε is tiny (e.g.
+BERT's default ε = 1e-12; :func:`numerical_redundancy` gives measured values).
 """
 
 from __future__ import annotations
