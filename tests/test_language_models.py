@@ -131,9 +131,8 @@ def bert_reference(sd, cfg, tokens, types):
 
         q, k, v = (_split(lin(f"attention.self.{n}", x), c.n_heads) for n in ("query", "key", "value"))
         o = lin("attention.output.dense", _merge(_attend(q, k, v, False)))
-        x = _ln(
-            x + o, sd[h + "attention.output.LayerNorm.weight"], sd[h + "attention.output.LayerNorm.bias"], c.norm_eps
-        )
+        ln1 = h + "attention.output.LayerNorm."
+        x = _ln(x + o, sd[ln1 + "weight"], sd[ln1 + "bias"], c.norm_eps)
         u = lin("output.dense", _act(c.activation, lin("intermediate.dense", x)))
         x = _ln(x + u, sd[h + "output.LayerNorm.weight"], sd[h + "output.LayerNorm.bias"], c.norm_eps)
     return x

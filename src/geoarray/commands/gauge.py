@@ -114,7 +114,7 @@ def _config_from_arg(text: str) -> Any:
 
 def table_rows() -> list[dict[str, Any]]:
     """The rows of ``geoarray gauge table``: paper's Table 1 next to eq. 17 and the exact counts."""
-    from ..gauge.redundancy import redundancy
+    from ..gauge.counting import redundancy
 
     rows = []
     for key in ("gpt2", "gpt2-xl", "llama-65b", "all-minilm-l6-v2"):
@@ -174,7 +174,7 @@ def run_table(args: argparse.Namespace) -> int:
     for b in body:
         print(line(b))
     print()
-    print("exact = Jacobian nullity at generic weights (geoarray.gauge.redundancy), by source:")
+    print("exact = Jacobian nullity at generic weights (geoarray.gauge.counting), by source:")
     for r in rows:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in r["breakdown"].items())
         print(f"  {r['model']}: {parts}")

@@ -6,7 +6,7 @@ per attention head, …), so those directions are redundant parameters.
 
 * :func:`paper_redundancy` — eq. 17 of the paper; :func:`redundancy` — the exact count with a
   breakdown by source; :func:`numerical_redundancy` — the Jacobian-nullity referee
-  (:mod:`geoarray.gauge.redundancy` explains every source and where eq. 17 is off);
+  (:mod:`geoarray.gauge.counting` explains every source and where eq. 17 is off);
 * :func:`random_gauge`, :func:`apply_gauge`, :func:`fold_norms`, :func:`untie` — the group action
   (:mod:`geoarray.gauge.transforms`);
 * :func:`check` — apply a random element to a config or checkpoint and report output and weight changes;
@@ -18,8 +18,7 @@ The models are :class:`geoarray.models.TransformerLM` (GPT-2, LLaMA and BERT sty
 
 from .check import check, load_model
 from .checkpoints import load_fixed, save_fixed
-from .fixing import GaugeFixedLM, canonicalize, gauge_fix
-from .redundancy import (
+from .counting import (
     NumericalRedundancy,
     Redundancy,
     numerical_redundancy,
@@ -27,6 +26,7 @@ from .redundancy import (
     redundancy,
     referee_inputs,
 )
+from .fixing import GaugeFixedLM, canonicalize, gauge_fix
 from .transforms import (
     GaugeElement,
     apply_gauge,

@@ -9,7 +9,7 @@ from typing import Any
 from .. import random as _random
 from .._backend import as_namespace, backend_name
 from ..models.language import TransformerLM, as_config, load_checkpoint
-from .redundancy import numerical_redundancy, redundancy, referee_inputs
+from .counting import numerical_redundancy, redundancy, referee_inputs
 from .transforms import apply_gauge, random_gauge
 
 __all__ = ["check", "load_model"]
@@ -60,7 +60,7 @@ def check(
     ``config_or_checkpoint``: a config dict / preset name (random generic weights from ``seed``) or a
     safetensors checkpoint path. The element (:func:`~geoarray.gauge.transforms.random_gauge`) has
     every factor the architecture allows; for tied decoders the residual rotation is applied to the
-    untied copy (tied embeddings break it, see :mod:`geoarray.gauge.redundancy`). Outputs are
+    untied copy (tied embeddings break it, see :mod:`geoarray.gauge.counting`). Outputs are
     compared on ``n_sequences`` random sequences of ``seq_len`` tokens (default min(n_ctx, 16)).
 
     Returns a dict with ``max_abs_output_diff``, ``max_rel_output_diff`` (relative to max |output|),

@@ -49,8 +49,11 @@ def load_fixed(
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"gauge-fixed checkpoint {path!r} does not exist")
-    with safe_open(path, "np") as f:
-        meta = f.metadata() or {}
+    try:
+        with safe_open(path, "np") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises its own error type for a damaged or foreign file
+        raise ValueError(f"{path!r} is not a readable safetensors file ({exc})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a gauge-fixed geoarray checkpoint (format {meta.get('format')!r})")
     tensors = load_file(path)

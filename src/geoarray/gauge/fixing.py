@@ -3,7 +3,7 @@
 :func:`gauge_fix` moves the parameters along their gauge orbit to a canonical point (same outputs)
 where a known set of entries takes fixed values (identity blocks, zeros, ones, signs), and returns a
 :class:`GaugeFixedLM` that stores only the other entries. Per source of
-:func:`geoarray.gauge.redundancy` (in the row-vector convention of :mod:`geoarray.models.language`):
+:func:`geoarray.gauge.counting` (in the row-vector convention of :mod:`geoarray.models.language`):
 
 ``norm_scale``, ``norm_shift``
     pre-norms folded into the next linear maps and biases (γ = 1, β = 0 stored implicitly); the final
@@ -34,7 +34,7 @@ where a known set of entries takes fixed values (identity blocks, zeros, ones, s
     Q). Not fixed for untied LayerNorm models (SO(d − 1) fixing 1 would need a basis change of the
     hyperplane ⊥ 1; :attr:`GaugeFixedLM.unfixed` reports it); tied models have no such symmetry.
 
-The saving equals :func:`~geoarray.gauge.redundancy.redundancy` minus the unfixed sources. Numerical
+The saving equals :func:`~geoarray.gauge.counting.redundancy` minus the unfixed sources. Numerical
 caveat: the GL(d_h) steps invert d_h×d_h blocks of the weights; a nearly singular block would lose
 accuracy (none of the random or real checkpoints tried came near; the check reports the output
 difference).
@@ -50,7 +50,7 @@ import numpy as np
 
 from .._backend import array_namespace, to_host
 from ..models.language import TransformerLM, as_config
-from .redundancy import redundancy
+from .counting import redundancy
 from .transforms import GaugeElement, apply_gauge, fold_norms, rope_commutant
 
 __all__ = ["GaugeFixedLM", "canonicalize", "gauge_fix"]
@@ -306,7 +306,7 @@ class GaugeFixedLM:
 
     @property
     def saving_breakdown(self) -> dict[str, int]:
-        """The sources of :func:`~geoarray.gauge.redundancy.redundancy` that this form removes."""
+        """The sources of :func:`~geoarray.gauge.counting.redundancy` that this form removes."""
         return {k: v for k, v in redundancy(self.config).breakdown.items() if k not in self.unfixed}
 
     def reduce(self, params: Mapping[str, Array]) -> dict[str, Array]:

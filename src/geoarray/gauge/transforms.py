@@ -1,7 +1,7 @@
 """Gauge transformations of transformer stacks: sample a group element, fold the norms, apply it.
 
 The group (van Nierop, "Transformer models are gauge invariant", section 4.4, with the corrections
-of :mod:`geoarray.gauge.redundancy`), in the row-vector convention of :mod:`geoarray.models.language`
+of :mod:`geoarray.gauge.counting`), in the row-vector convention of :mod:`geoarray.models.language`
 (the residual stream is ``x`` of shape ``(..., T, d)``):
 
 * residual stream ``x → x G``: G orthogonal with G·1 = 1 (SO(d − 1) fixing the all-ones vector,
@@ -195,7 +195,7 @@ def random_gauge(
         if heads:
             if c.arch == "llama":
                 r = _random.uniform(sq, (2, H, dh // 2), xp=xp, low=-1.0, high=1.0, dtype=dtype, device=device)
-                modulus, phase = xp.exp(r[0] / 2), math.pi * r[1]
+                modulus, phase = xp.exp(r[0, ...] / 2), math.pi * r[1, ...]
                 g.qk.append(rope_commutant(modulus * xp.cos(phase), modulus * xp.sin(phase)))
             else:
                 g.qk.append(random_gl(dh, sq, batch_shape=(H,), xp=xp, dtype=dtype, device=device))
@@ -205,9 +205,9 @@ def random_gauge(
             g.vo.append(None)
         if mlp:
             r = _random.uniform(sm, (2, c.d_ff), xp=xp, low=-1.0, high=1.0, dtype=dtype, device=device)
-            scale = xp.exp(r[0])
+            scale = xp.exp(r[0, ...])
             if c.activation == "swiglu":
-                scale = scale * xp.where(r[1] < 0, -xp.ones_like(scale), xp.ones_like(scale))
+                scale = scale * xp.where(r[1, ...] < 0, -xp.ones_like(scale), xp.ones_like(scale))
             g.mlp.append(scale)
         else:
             g.mlp.append(None)

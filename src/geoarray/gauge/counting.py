@@ -46,8 +46,9 @@ reparametrisations (rotations, GL(d_h), scalings and translations), with a break
     U → U + u 1ᵀ changes every logit of a position by the same amount: d_e (untied decoders).
 ``mlp_scale``
     positively homogeneous (ReLU) or gated (SwiGLU, the up projection) units: W_in[:, j] → s W_in[:, j],
-    W_out[j] → W_out[j]/s, one per hidden unit. The paper's f = 1 (eq. 16 ff.) misses these; tanh/erf
-    GELU units have none.
+    W_out[j] → W_out[j]/s, one per hidden unit. The paper's f = 1 (after eq. 16) misses these; tanh/erf
+    GELU units have none. (For ReLU the count assumes every unit is active on some inputs and inactive
+    on others; an always-active unit is linear and its bias could move into b_out.)
 
 Where this differs from eq. 17 (gpt2: 1,347,352 against 1,473,409): eq. 17 counts the residual
 rotation, which tied embeddings break (−293,761), and misses the norm, bias, mean and embedding
@@ -58,9 +59,9 @@ d_h² per head for queries/keys (−83,230,720), RMSNorm gives SO(d_e) rather th
 :func:`numerical_redundancy` is the referee: the nullity of the Jacobian on many inputs, by SVD.
 Outputs are log-probabilities for decoders (so a per-position shift of the logits is invisible) and
 hidden states for the encoder. Approximate symmetries broken only by the norms' ε (rescaling the
-residual stream: one for pre-norm decoders, 2L + 1 for post-LN encoders) have singular values
-≈ ε/100 relative to the largest; they are not symmetries and not counted, but they look null when ε is
-below the threshold (e.g. BERT's default ε = 1e-12; see :func:`numerical_redundancy`).
+residual stream: one for pre-norm decoders, 2L + 1 for post-LN encoders) have singular values that
+shrink with ε; they are not symmetries and not counted, but they look null when ε is tiny (e.g.
+BERT's default ε = 1e-12; :func:`numerical_redundancy` gives measured values).
 """
 
 from __future__ import annotations
@@ -252,7 +253,20 @@ def _flat(params: dict[str, Array], xp: Any):
     return theta, unflatten
 
 
-def _jacobian(f, theta: Array, xp: Any, method: str, step: float) -> Array:
+def _stencil(g, step: float) -> Array:
+    """Fourth-order central difference (−g(2h) + 8g(h) − 8g(−h) + g(−2h))/(12h)."""
+    return (8 * (g(step) - g(-step)) - (g(2 * step) - g(-2 * step))) / (12 * step)
+
+
+def _jacobian(model_fn, params: dict[str, Array], xp: Any, method: str, step: float) -> Array:
+    """Columns in the order of the parameters (dict order, then row-major entries)."""
+    import array_api_extra as xpx
+
+    theta, unflatten = _flat(params, xp)
+
+    def f(t):
+        return model_fn(unflatten(t))
+
     if method == "autodiff":
         if is_jax(xp):
             import jax
@@ -263,14 +277,24 @@ def _jacobian(f, theta: Array, xp: Any, method: str, step: float) -> Array:
 
             return torch.func.jacfwd(f)(theta)
         raise ValueError(f"method='autodiff' needs torch or jax arrays, got the {xp.__name__} backend")
-    import array_api_extra as xpx
+    if is_jax(xp):
+        import jax
 
+        # one compiled, vmapped forward over all perturbed parameter vectors (rows of theta ± h·I)
+        f_rows = jax.jit(jax.vmap(f))
+        E = xp.eye(theta.shape[0], dtype=theta.dtype)
+        J = _stencil(lambda h: f_rows(theta[None, :] + h * E), step)
+        return xp.matrix_transpose(J)
     cols = []
-    for j in range(theta.shape[0]):
-        # fourth-order central stencil: (−f(2h) + 8f(h) − 8f(−h) + f(−2h))/(12h)
-        fp1, fm1 = f(xpx.at(theta, j).add(step, copy=True)), f(xpx.at(theta, j).add(-step, copy=True))
-        fp2, fm2 = f(xpx.at(theta, j).add(2 * step, copy=True)), f(xpx.at(theta, j).add(-2 * step, copy=True))
-        cols.append((8 * (fp1 - fm1) - (fp2 - fm2)) / (12 * step))
+    for name, value in params.items():
+        flat = xp.reshape(value, (-1,))
+
+        def g(h, i, name=name, flat=flat, shape=value.shape):
+            moved = dict(params)
+            moved[name] = xp.reshape(xpx.at(flat, i).add(h, copy=True), shape)
+            return model_fn(moved)
+
+        cols.extend(_stencil(lambda h, i=i, g=g: g(h, i), step) for i in range(flat.shape[0]))
     return xp.stack(cols, axis=1)
 
 
@@ -319,12 +343,11 @@ def numerical_redundancy(
     if method not in ("autodiff", "central"):
         raise ValueError(f"method must be 'auto', 'autodiff' or 'central', got {method!r}")
     thr = _DEFAULT_THRESHOLD[method] if threshold is None else float(threshold)
-    theta, unflatten = _flat(dict(params), xp)
 
-    def f(t):
-        return xp.reshape(model.apply(unflatten(t), inputs, token_types), (-1,))
+    def model_fn(p):
+        return xp.reshape(model.apply(p, inputs, token_types), (-1,))
 
-    J = _jacobian(f, theta, xp, method, step)
+    J = _jacobian(model_fn, dict(params), xp, method, step)
     s = np.sort(to_host(xp.linalg.svdvals(J)))[::-1]
     n_out, n_par = J.shape
     s_full = np.concatenate([s, np.zeros(max(0, n_par - s.size))])
