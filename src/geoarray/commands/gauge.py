@@ -17,9 +17,9 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run_check", "run_fix", "run_table", "table_rows"]
+from ._common import BACKENDS, CommandError, namespace_for
 
-BACKENDS = ("numpy", "torch", "jax", "array-api-strict")
+__all__ = ["add_parser", "run_check", "run_fix", "run_table", "table_rows"]
 
 # van Nierop, "Transformer models are gauge invariant", Table 1 (parameter count as printed)
 PAPER_TABLE = {
@@ -43,46 +43,9 @@ TINY = {
 MAX_RANDOM_PARAMS = 200_000_000
 
 
-class _Fail(Exception):
-    pass
-
-
 def _fail(prog: str, message: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
-
-
-def _namespace(backend: str) -> Any:
-    """The float64 CPU namespace of a backend name (same contract as ``commands._common.namespace_for``)."""
-    if backend == "numpy":
-        import array_api_compat.numpy as xp
-
-        return xp
-    if backend == "torch":
-        try:
-            import array_api_compat.torch as xp
-            import torch
-        except ImportError:
-            raise _Fail("backend 'torch' is not installed (pip install 'geoarray[torch]')") from None
-        torch.set_num_threads(1)
-        return xp
-    if backend == "jax":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        try:
-            import jax
-        except ImportError:
-            raise _Fail("backend 'jax' is not installed (pip install 'geoarray[jax]')") from None
-        jax.config.update("jax_enable_x64", True)
-        import jax.numpy as xp
-
-        return xp
-    if backend == "array-api-strict":
-        try:
-            import array_api_strict as xp
-        except ImportError:
-            raise _Fail("backend 'array-api-strict' is not installed (pip install array-api-strict)") from None
-        return xp
-    raise _Fail(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 
 def _config_from_arg(text: str) -> Any:
@@ -97,16 +60,16 @@ def _config_from_arg(text: str) -> Any:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _Fail(f"--config is not valid JSON ({exc.msg})") from None
+            raise CommandError(f"--config is not valid JSON ({exc.msg})") from None
     elif os.path.isfile(text):
         with open(text, encoding="utf-8") as fh:
             try:
                 obj = json.load(fh)
             except json.JSONDecodeError as exc:
-                raise _Fail(f"--config file {text!r} is not valid JSON ({exc.msg})") from None
+                raise CommandError(f"--config file {text!r} is not valid JSON ({exc.msg})") from None
     else:
         names = ", ".join([*TINY, *PRESETS])
-        raise _Fail(f"--config must be a name ({names}), a JSON object or a JSON file; got {text!r}")
+        raise CommandError(f"--config must be a name ({names}), a JSON object or a JSON file; got {text!r}")
     if isinstance(obj, dict) and "model_type" in obj:
         return config_from_hf(obj)
     return as_config(obj)
@@ -218,25 +181,25 @@ def _print_report(report: dict[str, Any]) -> None:
 def run_check(args: argparse.Namespace) -> int:
     prog = "geoarray gauge check"
     try:
-        xp = _namespace(args.backend)
+        xp = namespace_for(args.backend)
         from ..gauge.check import check
         from ..models.language import count_params
 
         if args.checkpoint is not None:
             if not os.path.exists(args.checkpoint):
-                raise _Fail(f"checkpoint {args.checkpoint!r} does not exist")
+                raise CommandError(f"checkpoint {args.checkpoint!r} does not exist")
             target: Any = args.checkpoint
         else:
             target = _config_from_arg(args.config)
             n = count_params(target)
             if n > MAX_RANDOM_PARAMS:
-                raise _Fail(
+                raise CommandError(
                     f"{n:,} parameters are too many for random float64 weights (limit {MAX_RANDOM_PARAMS:,}); "
                     "use `geoarray gauge table` for the counts or a smaller config"
                 )
         numerical = None if args.numerical == "auto" else args.numerical == "yes"
         report = check(target, args.seed, xp=xp, numerical=numerical)
-    except _Fail as exc:
+    except CommandError as exc:
         return _fail(prog, str(exc))
     except (ValueError, TypeError, OSError, KeyError) as exc:
         return _fail(prog, f"{type(exc).__name__}: {exc}".splitlines()[0])
@@ -253,17 +216,17 @@ def run_check(args: argparse.Namespace) -> int:
 def run_fix(args: argparse.Namespace) -> int:
     prog = "geoarray gauge fix"
     try:
-        xp = _namespace(args.backend)
+        xp = namespace_for(args.backend)
         from .. import random as _random
         from ..gauge.checkpoints import save_fixed
         from ..gauge.fixing import gauge_fix
         from ..models.language import load_checkpoint
 
         if not os.path.exists(args.checkpoint):
-            raise _Fail(f"checkpoint {args.checkpoint!r} does not exist")
+            raise CommandError(f"checkpoint {args.checkpoint!r} does not exist")
         out_dir = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(out_dir):
-            raise _Fail(f"--out directory {out_dir!r} does not exist")
+            raise CommandError(f"--out directory {out_dir!r} does not exist")
         model, params = load_checkpoint(args.checkpoint, xp=xp)
         fixed, reduced = gauge_fix(model, params)
         c = model.config
@@ -276,7 +239,7 @@ def run_fix(args: argparse.Namespace) -> int:
         diff = float(xp.max(xp.abs(out_fixed - out)))
         scale = float(xp.max(xp.abs(out)))
         save_fixed(args.out, fixed, reduced, dtype=args.dtype)
-    except _Fail as exc:
+    except CommandError as exc:
         return _fail(prog, str(exc))
     except (ValueError, TypeError, OSError, KeyError) as exc:
         return _fail(prog, f"{type(exc).__name__}: {exc}".splitlines()[0])
