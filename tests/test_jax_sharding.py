@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _jax_common import require_jax
 
 import geoarray as ga
+from _jax_common import require_jax
 
 
 @pytest.fixture(autouse=True)

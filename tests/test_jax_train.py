@@ -6,9 +6,9 @@ import re
 
 import numpy as np
 import pytest
-from _jax_common import problem, require_jax
 
 import geoarray as ga
+from _jax_common import problem, require_jax
 
 
 @pytest.fixture(autouse=True)

@@ -229,6 +229,38 @@ def test_householder_section_never_forms_n_by_n(xp, device):
     assert all(max(leaf.shape) <= 500 and min(leaf.shape) <= 4 for leaf in lam)
 
 
+@pytest.mark.parametrize(("N", "n"), SIZES)
+def test_householder_section_through_q_equals_its_definition(xp, device, N, n):
+    """λX = Q[S·X_top; X_bot] and λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] (the fast form, two products each)
+    equal the definition λ = [Y, Q⊥]: Y·X_top + Q⊥·X_bot and [YᵀD; Q⊥ᵀD], to 1e-13 (float64, batched)."""
+    M = Stiefel(N, n)
+    Y = M.random(0, xp=xp, batch_shape=(3,), device=device)
+    lam = M.global_section(Y)
+    X = geoarray.random.normal(1, (3, N, 2), xp=xp, device=device)
+    by_definition = Y @ X[..., :n, :] + lam.perp(X[..., n:, :])
+    assert_close(lam.apply(X), by_definition, xp=xp, atol=1e-13)
+    mT = xp.matrix_transpose
+    coords_def = xp.concat([mT(Y) @ X, lam.perp_t(X)], axis=-2)
+    assert_close(lam.coords(X), coords_def, xp=xp, atol=1e-13)
+    assert_close(M.apply_section(lam, X), by_definition, xp=xp, atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_householder_retraction_does_not_carry_orthogonality_errors(xp, device, kind):
+    """From a point with |YᵀY − I| ≈ 1e-7 (accumulated drift), λ(Y)·g(W)E is orthonormal to 1e-13:
+    the Householder Q is orthogonal whatever Y's error, so errors do not accumulate over steps; the
+    result differs from the step taken at the exact point by O(1e-7)."""
+    M = kind(12, 3)
+    Y, _, D = _setup(M, xp, device, batch=(2,))
+    noisy = Y + 1e-7 * geoarray.random.normal(7, (2, 12, 3), xp=xp, device=device)
+    assert max_abs(xp.matrix_transpose(noisy) @ noisy - linalg.eye(3, Y)) > 1e-8
+    lam, lam_noisy = M.global_section(Y), M.global_section(noisy)
+    W = 0.3 * M.global_rep(lam, D)
+    step = M.apply_section(lam_noisy, M.retraction(M.global_rep(lam_noisy, 0.3 * D)))
+    assert max_abs(xp.matrix_transpose(step) @ step - linalg.eye(3, Y)) < 1e-13
+    assert_close(step, M.apply_section(lam, M.retraction(W)), xp=xp, atol=1e-6)
+
+
 def test_retraction_and_section_trace_under_jax_jit(backend, xp, device):
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")

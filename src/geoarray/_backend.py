@@ -194,7 +194,11 @@ def _np_generic() -> type:
 
 
 def dtype_name(dtype: Any) -> str:
-    """``float32`` for ``numpy.float32``, ``torch.float32``, ``array_api_strict.float32``, … (for messages)."""
+    """``float32`` for ``numpy.float32``, ``torch.float32``, ``array_api_strict.float32``, ``jnp.bfloat16``, …"""
+    for attr in ("name", "__name__"):  # NumPy/JAX dtype objects, then scalar types such as np.float16
+        name = getattr(dtype, attr, None)
+        if isinstance(name, str):
+            return name
     return str(dtype).rsplit(".", 1)[-1]
 
 
@@ -216,6 +220,12 @@ def from_host_like(host: Any, like: Array) -> Array:
 
         return torch.empty_like(like).copy_(torch.from_numpy(host))
     return xp.asarray(host, dtype=like.dtype, device=device(like), copy=True)
+
+
+def is_compiling() -> bool:
+    """True while ``torch.compile`` traces (dynamo): Python-side checks that its polyfills cannot run are skipped."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def is_traced(x: Any) -> bool:
@@ -334,6 +344,22 @@ def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_co
 
         n = xp.astype(xp.clip(xp.max(counts), 0, max_count), xp.int32)
         return jax.lax.fori_loop(0, n, body, carry)
+    if is_torch(xp) and is_compiling():
+        # torch.compile: a while_loop higher-order op with a traced trip count, so the graph does not
+        # break at a host read (the eager path below reads the count once)
+        import torch
+        from torch._higher_order_ops.while_loop import while_loop
+
+        single = not isinstance(carry, tuple)
+        n = torch.clamp(torch.max(counts), 0, max_count).to(torch.int64)
+        k0 = torch.zeros((), dtype=torch.int64, device=n.device)
+
+        def step(k, *c):
+            out = body(k, c[0] if single else tuple(c))
+            return (k + 1, *((out,) if single else out))
+
+        out = while_loop(lambda k, *c: k < n, step, (k0, *((carry,) if single else carry)))
+        return out[1] if single else tuple(out[1:])
     n = max(0, min(int(xp.max(counts)), max_count))
     for k in range(n):
         carry = body(k, carry)
@@ -441,11 +467,42 @@ def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Arr
     return V, tau, R
 
 
+_TORCH_GEQRF_OP: Any = None
+
+
+def _torch_geqrf_op() -> Callable[..., Any]:
+    """``torch.geqrf`` as a custom operator with a fake (shape-only) kernel: torch 2.13's geqrf has
+    none, so without this wrapper torch.compile cannot trace an optimizer step and falls back to eager.
+    Registered on the first eager call (an optimizer's ``init`` makes one), never while tracing."""
+    global _TORCH_GEQRF_OP
+    if _TORCH_GEQRF_OP is None:
+        import torch
+
+        @torch.library.custom_op("geoarray::geqrf", mutates_args=(), schema="(Tensor A) -> (Tensor, Tensor)")
+        def geqrf(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a, tau = torch.geqrf(A)
+            return a.contiguous(), tau  # row-major, as the fake kernel promises
+
+        @geqrf.register_fake
+        def _(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            k = min(A.shape[-2], A.shape[-1])
+            return torch.empty_like(A, memory_format=torch.contiguous_format), A.new_empty((*A.shape[:-2], k))
+
+        _TORCH_GEQRF_OP = geqrf
+    return _TORCH_GEQRF_OP
+
+
 @register_fast_path("geqrf", "torch")
 def _geqrf_torch(A: Array) -> tuple[Array, Array, Array]:
     import torch
 
-    a, tau = torch.geqrf(A)
+    if is_compiling():
+        if _TORCH_GEQRF_OP is None:
+            raise RuntimeError("call the optimizer's init (or any eager step) before compiling its update")
+        a, tau = _TORCH_GEQRF_OP(A)
+    else:
+        _torch_geqrf_op()  # register the traceable operator while eager
+        a, tau = torch.geqrf(A)
     return _split_geqrf(a, tau, _compat.array_namespace(a))
 
 

@@ -181,4 +181,7 @@ class Manifold(abc.ABC):
 
     @staticmethod
     def _default_atol(dtype: Any, xp: Any) -> float:
-        return 1e-10 if dtype == xp.float64 else 1e-4
+        """Tolerance of ``is_point``/``is_tangent`` by dtype: a few roundoffs of a rounded orthonormal frame."""
+        if dtype == xp.float64:
+            return 1e-10
+        return {"float16": 4e-3, "bfloat16": 3e-2}.get(_backend.dtype_name(dtype), 1e-4)

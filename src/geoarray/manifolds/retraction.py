@@ -57,6 +57,26 @@ def _phi1_taylor(X: Array, xp: Any) -> Array:
     return U
 
 
+def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
+    """φ₁(X) by scaling and doubling, given ``bound`` ≥ ‖X‖₁ per batch element: X_s = X/2ˢ with
+    ‖X_s‖₁ ≤ θ, the degree-19 Taylor polynomial, then φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) s times.
+    Elements needing more than ``max_doublings`` come out NaN."""
+    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
+    s = xp.ceil(xp.log2(xp.maximum(bound / _PHI1_THETA, one)))
+    s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
+    Xs = X / xp.pow(2.0, s)[..., None, None]
+    U = _phi1_taylor(Xs, xp)
+
+    def double(k, carry):
+        U, Xk = carry
+        active = (s > k)[..., None, None]
+        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
+
+    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
+    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
+    return xp.where((s > max_doublings)[..., None, None], nan, U)
+
+
 def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
     """φ₁(X) = Σ_k X^k/(k+1)! = (e^X − I)X⁻¹ by balancing, scaling and doubling.
 
@@ -78,20 +98,7 @@ def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
              xp.concat([X[..., h:, :h] / alpha, X[..., h:, h:]], axis=-1)],
             axis=-2,
         )  # fmt: skip
-    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
-    s = xp.ceil(xp.log2(xp.maximum(_norm1(X, xp) / _PHI1_THETA, one)))
-    s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
-    Xs = X / xp.pow(2.0, s)[..., None, None]
-    U = _phi1_taylor(Xs, xp)
-
-    def double(k, carry):
-        U, Xk = carry
-        active = (s > k)[..., None, None]
-        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
-
-    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
-    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
-    U = xp.where((s > max_doublings)[..., None, None], nan, U)
+    U = _phi1_scaled(X, _norm1(X, xp), xp, max_doublings)
     if balance:
         U = xp.concat(
             [xp.concat([U[..., :h, :h], U[..., :h, h:] / alpha], axis=-1),
@@ -121,13 +128,26 @@ def retraction_kernel(halfA: Array, gram: Array, xp: Any, method: str, max_doubl
 
 def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
     """The two row blocks of g(W)E: E-rows I + ½A·D₁ + D₂ (k×k) and the other rows B·D₁, where
-    D = φ₁(X)[I; ½A] (geodesic) or (I − ½X)⁻¹[I; ½A] (Cayley)."""
+    D = φ₁(X)[I; ½A] (geodesic) or (I − ½X)⁻¹[I; ½A] (Cayley).
+
+    Geodesic: X = [[a, I], [c, a]] with a = ½A, c = a² − G is built already balanced,
+    X_b = [[a, αI], [c/α, a]] = D⁻¹XD with D = diag(I, αI), α = ‖c‖₁^½ (as :func:`phi1` would
+    balance it), so that D = D·φ₁(X_b)·[I; a/α] and ‖X_b‖₁ ≤ ‖a‖₁ + ‖c‖₁^½ = O(‖W‖): an optimizer
+    step needs no doubling. The bound, not the norm of X_b, sets the scaling (one reduction fewer).
+    """
     k = halfA.shape[-1]
-    eye = linalg.eye(k, halfA)
-    c = xp.concat([xp.broadcast_to(eye, halfA.shape), halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
-    if method == "geodesic":
-        D = phi1(x_matrix(halfA, gram, xp), xp, max_doublings) @ c
-    else:
+    eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
+    if method != "geodesic":
+        c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
         D = xp.linalg.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c)
-    D_top, D_bot = D[..., :k, :], D[..., k:, :]
+        D_top, D_bot = D[..., :k, :], D[..., k:, :]
+        return eye + halfA @ D_top + D_bot, B @ D_top
+    low = halfA @ halfA - gram
+    n_low = _norm1(low, xp)
+    ok = n_low > 0
+    alpha = xp.sqrt(xp.where(ok, n_low, xp.ones_like(n_low)))[..., None, None]
+    Xb = xp.concat([xp.concat([halfA, alpha * eye], axis=-1), xp.concat([low / alpha, halfA], axis=-1)], axis=-2)
+    U = _phi1_scaled(Xb, _norm1(halfA, xp) + alpha[..., 0, 0], xp, max_doublings)
+    D = U @ xp.concat([eye, halfA / alpha], axis=-2)
+    D_top, D_bot = D[..., :k, :], alpha * D[..., k:, :]
     return eye + halfA @ D_top + D_bot, B @ D_top

@@ -44,16 +44,43 @@ Array = Any
 
 
 class HouseholderSection(NamedTuple):
-    """λ(Y) = [Y, Q⊥] with Q⊥ the trailing columns of Q = I − V T Vᵀ (Householder QR of Y)."""
+    """λ(Y) = [Y, Q⊥] = Q·diag(S, I) from the Householder QR Y = Q[:, :n]·R, Q = I − V T Vᵀ.
+
+    For orthonormal Y the triangular R is orthogonal, hence diagonal with entries ±1, and
+    S = sign(diag R) gives Q·E·S = Y. The section is therefore applied and inverted through Q alone,
+
+        λX = Q [S·X_top; X_bot],        λᵀD = [S·(QᵀD)_top; (QᵀD)_bot],
+
+    two N×n×k products each (Y itself is never multiplied). Because the Householder Q is
+    orthogonal to rounding whatever the accuracy of Y, a retracted point λ·g(W)E is orthonormal to
+    rounding at every step: orthogonality errors of Y (e.g. float32 drift) are not carried over.
+    λE = Q·E·S equals Y up to Y's own orthogonality error.
+    """
 
     Y: Array
     V: Array
     T: Array
+    signs: Array  # S = sign(diag R), (..., n), entries ±1
 
     @classmethod
     def of(cls, Y: Array) -> HouseholderSection:
         qr = linalg.householder_qr(Y)
-        return cls(Y, qr.V, qr.T)
+        xp = array_namespace(Y)
+        d = xp.linalg.diagonal(qr.R)
+        return cls(Y, qr.V, qr.T, xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d)))
+
+    def coords(self, D: Array) -> Array:
+        """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] for D (..., N, k): the top block is YᵀD, the bottom Q⊥ᵀD."""
+        mT = array_namespace(D=D, V=self.V).matrix_transpose
+        n = self.Y.shape[-1]
+        QtD = D - self.V @ (mT(self.T) @ (mT(self.V) @ D))
+        return _scale_top_rows(QtD, self.signs, n)
+
+    def apply(self, X: Array) -> Array:
+        """λX = Q [S·X_top; X_bot] for X (..., N, k), in O(N·n·k)."""
+        mT = array_namespace(X=X, V=self.V).matrix_transpose
+        Z = _scale_top_rows(X, self.signs, self.Y.shape[-1])
+        return Z - self.V @ (self.T @ (mT(self.V) @ Z))
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀ D for D (..., N, k): the last N − n rows of Qᵀ D, in O(N·n·k)."""
@@ -74,6 +101,12 @@ class HouseholderSection(NamedTuple):
         return xp.concat([zeros, X], axis=-2) - correction
 
 
+def _scale_top_rows(X: Array, signs: Array, n: int) -> Array:
+    """diag(S, I)·X: the first n rows of X times the signs S (..., n)."""
+    xp = array_namespace(X=X, signs=signs)
+    return xp.concat([signs[..., :, None] * X[..., :n, :], X[..., n:, :]], axis=-2)
+
+
 class DenseSection(NamedTuple):
     """λ(Y) = [Y, Q⊥] stored densely: Q⊥ is (..., N, N − n)."""
 
@@ -86,6 +119,17 @@ class DenseSection(NamedTuple):
         xp = array_namespace(lam.Y)
         eye = xp.broadcast_to(linalg.eye(N - n, lam.Y), (*lam.Y.shape[:-2], N - n, N - n))
         return cls(lam.Y, lam.perp(eye))
+
+    def coords(self, D: Array) -> Array:
+        """λᵀD = [YᵀD; Q⊥ᵀD] for D (..., N, k)."""
+        xp = array_namespace(D=D, Y=self.Y)
+        mT = xp.matrix_transpose
+        return xp.concat([mT(self.Y) @ D, mT(self.Qperp) @ D], axis=-2)
+
+    def apply(self, X: Array) -> Array:
+        """λX = Y·X_top + Q⊥·X_bot for X (..., N, k)."""
+        n = self.Y.shape[-1]
+        return self.Y @ X[..., :n, :] + self.Qperp @ X[..., n:, :]
 
     def perp_t(self, D: Array) -> Array:
         return array_namespace(self.Qperp).matrix_transpose(self.Qperp) @ D

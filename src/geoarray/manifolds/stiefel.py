@@ -207,11 +207,14 @@ class OrthonormalFrames(Manifold):
         return kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
 
     def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
-        """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k))."""
+        """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k)).
+
+        A Householder section applies Q·diag(S, I) instead (:class:`~geoarray.manifolds.HouseholderSection`),
+        which keeps the result orthonormal to rounding even when Y has drifted."""
         self._namespace(X=X, Y=lam.Y)
         if X.ndim < 2 or X.shape[-2] != self.N:
             raise ValueError(f"X must have {self.N} rows for {self!r}, got shape {tuple(X.shape)}")
-        return lam.Y @ X[..., : self.n, :] + lam.perp(X[..., self.n :, :])
+        return lam.apply(X)
 
     def transport_section(self, lam: DenseSection, W: Any, method: str | None = None) -> DenseSection:
         """Λ ← Λ·g(W) with g = exp (geodesic) or Cay: the ``"transported"`` strategy's update.
@@ -295,17 +298,17 @@ class Stiefel(OrthonormalFrames):
 
     def global_rep(self, lam: HouseholderSection | DenseSection, D: Array) -> StiefelHorizontal:
         """λ⁻¹Ω(Δ)λ = [[A, −Bᵀ], [B, 0]] with A = skew(YᵀΔ), B = Q⊥ᵀΔ (eq. 11)."""
-        Y = lam.Y
-        xp = self._check_tangent_shape(Y, D, "D")
-        A = linalg.skew(xp.matrix_transpose(Y) @ D)
-        return StiefelHorizontal(A, lam.perp_t(D))
+        self._check_tangent_shape(lam.Y, D, "D")
+        H = lam.coords(D)  # λᵀΔ = [YᵀΔ; Q⊥ᵀΔ]
+        return StiefelHorizontal(linalg.skew(H[..., : self.n, :]), H[..., self.n :, :])
 
     def lift(self, Y: Array, lam: HouseholderSection | DenseSection, dL: Array) -> StiefelHorizontal:
         """global_rep(λ, rgrad(Y, ∇L)) fused: with Δ = ∇L − Y∇LᵀY, YᵀΔ = Yᵀ∇L − ∇LᵀY is already
         skew, so A = Yᵀ∇L − ∇LᵀY, and Q⊥ᵀY = 0 gives B = Q⊥ᵀ∇L (two products fewer than the composition)."""
         xp = self._check_tangent_shape(Y, dL, "dL")
-        YtG = xp.matrix_transpose(Y) @ dL
-        return StiefelHorizontal(YtG - xp.matrix_transpose(YtG), lam.perp_t(dL))
+        H = lam.coords(dL)  # λᵀ∇L = [Yᵀ∇L; Q⊥ᵀ∇L]: two products for a Householder section
+        YtG = H[..., : self.n, :]
+        return StiefelHorizontal(YtG - xp.matrix_transpose(YtG), H[..., self.n :, :])
 
     def _check_horizontal(self, W: Any, name: str = "W") -> Any:
         if not isinstance(W, StiefelHorizontal):

@@ -121,6 +121,11 @@ class Group:
     indices: tuple[int, ...]
     kind: str
     section: str  # the section strategy of this group ("householder" for Euclidean groups)
+    dtype: Any = None  # float16/bfloat16 leaves: their dtype; the step is computed in float32 and cast back
+
+    @property
+    def upcast(self) -> bool:
+        return self.dtype is not None
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,11 @@ class Layout:
     paths: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     groups: tuple[Group, ...]
+
+
+def _half_dtype(x: Array) -> Any:
+    """The dtype of a float16/bfloat16 leaf (computed in float32 by the optimizer), else None."""
+    return x.dtype if _backend.dtype_name(x.dtype) in ("float16", "bfloat16") else None
 
 
 def _is_manifold_leaf(x: Any) -> bool:
@@ -237,7 +247,10 @@ class RiemannianOptimizer:
     def _make_groups(self, leaves: list, mans: list[Manifold], paths: list[str]) -> tuple[Group, ...]:
         strategies = [self._strategy(m, p) for m, p in zip(mans, paths, strict=True)]
         if not self.group_same_shape:
-            return tuple(Group(m, (i,), "single", s) for i, (m, s) in enumerate(zip(mans, strategies, strict=True)))
+            return tuple(
+                Group(m, (i,), "single", s, _half_dtype(leaves[i]))
+                for i, (m, s) in enumerate(zip(mans, strategies, strict=True))
+            )
         buckets: dict[tuple, list[int]] = {}
         for i, (leaf, m) in enumerate(zip(leaves, mans, strict=True)):
             where = (str(leaf.dtype), str(_backend.device(leaf)))
@@ -247,19 +260,23 @@ class RiemannianOptimizer:
         for key, idx in buckets.items():
             manifold = Euclidean() if key[0] == "flat" else key[1]
             kind = "single" if len(idx) == 1 else key[0]
-            groups.append(Group(manifold, tuple(idx), kind, strategies[idx[0]]))
+            groups.append(Group(manifold, tuple(idx), kind, strategies[idx[0]], _half_dtype(leaves[idx[0]])))
         return tuple(groups)
 
     @staticmethod
     def _pack(group: Group, leaves: list, xp: Any) -> Array:
         if group.kind == "single":
-            return leaves[group.indices[0]]
-        if group.kind == "stack":
-            return xp.stack([leaves[i] for i in group.indices], axis=0)
-        return xp.concat([xp.reshape(leaves[i], (-1,)) for i in group.indices], axis=0)
+            packed = leaves[group.indices[0]]
+        elif group.kind == "stack":
+            packed = xp.stack([leaves[i] for i in group.indices], axis=0)
+        else:
+            packed = xp.concat([xp.reshape(leaves[i], (-1,)) for i in group.indices], axis=0)
+        return xp.astype(packed, xp.float32) if group.upcast else packed
 
     @staticmethod
     def _unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> None:
+        if group.upcast:
+            packed = xp.astype(packed, group.dtype)
         if group.kind == "single":
             out[group.indices[0]] = packed
         elif group.kind == "stack":
@@ -316,8 +333,16 @@ class RiemannianOptimizer:
                 raise ValueError(
                     f"{path} has shape {tuple(leaf.shape)}, which does not end in {tuple(shape)} as {m!r} needs"
                 )
-            # one host read per leaf, at init only (never inside a step, never under tracing)
-            if not isinstance(m, Euclidean) and not _backend.is_traced(leaf) and not m.is_point(leaf):
+            # one host read per leaf, at init only (never inside a step, never under tracing); half
+            # precision leaves are checked in float32 at the accuracy of their own rounding
+            if (
+                not isinstance(m, Euclidean)
+                and not _backend.is_traced(leaf)
+                and not m.is_point(
+                    leaf if _half_dtype(leaf) is None else xp.astype(leaf, xp.float32),
+                    atol=Manifold._default_atol(leaf.dtype, xp),
+                )
+            ):
                 raise ValueError(
                     f"{path} is not a point of {m!r} (M.is_point at its default tolerance); start from a point "
                     "of the manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
@@ -362,13 +387,14 @@ class RiemannianOptimizer:
         """Tree structure, shapes, dtypes and devices of params and grads against the recorded layout."""
         layout = self.layout
         leaves, treedef, _ = self._flatten_params(params)
-        if treedef != layout.treedef:
+        # torch.compile's optree polyfill cannot compare tree specs; its guards re-trace on a new structure
+        if not _backend.is_compiling() and treedef != layout.treedef:
             raise ValueError(
                 f"params has tree structure {treedef}, but this optimizer was initialised for {layout.treedef}; "
                 "call opt.init(params, manifolds) for a new tree"
             )
         gleaves, gdef = optree.tree_flatten(grads)
-        if gdef != treedef:
+        if not _backend.is_compiling() and gdef != treedef:
             raise ValueError(f"grads must have the tree structure of params {treedef}, got {gdef}")
         xp = array_namespace(*leaves, *gleaves)
         for p, g, path, shape in zip(leaves, gleaves, layout.paths, layout.shapes, strict=True):
@@ -462,7 +488,9 @@ class RiemannianOptimizer:
             )
         if finite is not None:
             self._warn_if_skipped(new_state)
-        return optree.tree_unflatten(layout.treedef, new_leaves), new_state
+        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
+        # made inside the traced call can rebuild the tree, one recorded by init cannot
+        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
     def _rotation(self, groups: tuple, carried: tuple, lams: list) -> Any:
         """The ``rotate(tree, degree)`` of the transforms' reframe rules: each ``"rotated"`` group's

@@ -242,19 +242,28 @@ def scale_by_adam(
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
+        coefficients: dict = {}  # per dtype and device: the four scalars of eq. 5, computed once per update
 
-        def moments(m: Array, v: Array, g: Array) -> tuple[Array, Array]:
-            t = _as_float(count, g)
-            p1, p2 = b1**t, b2**t
-            m = (b1 - p1) / (1 - p1) * m + (1 - b1) / (1 - p1) * g
-            v = (b2 - p2) / (1 - p2) * v + (1 - b2) / (1 - p2) * (g * g)
-            return m, v
+        def coefficient(g: Array) -> tuple:
+            key = (str(g.dtype), str(_backend.device(g)))
+            if key not in coefficients:
+                t = _as_float(count, g)
+                p1, p2 = b1**t, b2**t
+                q1, q2 = 1 / (1 - p1), 1 / (1 - p2)
+                coefficients[key] = ((b1 - p1) * q1, (1 - b1) * q1, (b2 - p2) * q2, (1 - b2) * q2)
+            return coefficients[key]
 
-        both = optree.tree_map(moments, state.mu, state.nu, updates)
-        treedef = optree.tree_structure(updates)
-        pairs = treedef.flatten_up_to(both)
-        mu = treedef.unflatten([p[0] for p in pairs])
-        nu = treedef.unflatten([p[1] for p in pairs])
+        def first(m: Array, g: Array) -> Array:
+            k1, c1, _, _ = coefficient(g)
+            return k1 * m + c1 * g
+
+        def second(v: Array, g: Array) -> Array:
+            _, _, k2, c2 = coefficient(g)
+            return k2 * v + c2 * (g * g)
+
+        # two maps rather than one map + unflatten_up_to: torch.compile traces tree_map, not tree specs
+        mu = optree.tree_map(first, state.mu, updates)
+        nu = optree.tree_map(second, state.nu, updates)
 
         def direction(m: Array, v: Array) -> Array:
             root = array_namespace(v).sqrt(v + delta) if delta else array_namespace(v).sqrt(v)
