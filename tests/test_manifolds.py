@@ -261,6 +261,20 @@ def test_householder_retraction_does_not_carry_orthogonality_errors(xp, device, 
     assert_close(step, M.apply_section(lam, M.retraction(W)), xp=xp, atol=1e-6)
 
 
+@pytest.mark.parametrize("norm", [0.05, 0.6, 40.0])
+def test_float32_phi1_is_accurate_to_float32_roundoff(xp, device, norm):
+    """φ₁ in float32 (degree-8 Taylor, θ = 0.7; ``norm`` 40 needs doublings) equals the float64
+    value (degree 19) to 2e-6 relative: the lower degree loses nothing at float32 precision."""
+    from geoarray.manifolds.retraction import phi1
+
+    X64 = geoarray.random.normal(3, (4, 8, 8), xp=xp, device=device)
+    X64 = norm * X64 / xp.max(xp.sum(xp.abs(X64), axis=-2), axis=-1)[..., None, None]
+    ref = phi1(X64, xp, 64)
+    got = xp.astype(phi1(xp.astype(X64, xp.float32), xp, 64), xp.float64)
+    rel = max_abs(got - ref) / max_abs(ref)
+    assert rel < 2e-6 * max(1.0, norm / 4), rel
+
+
 def test_retraction_and_section_trace_under_jax_jit(backend, xp, device):
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")

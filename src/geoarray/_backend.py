@@ -334,9 +334,11 @@ def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_co
 
     ``counts`` holds a per-batch-element iteration count; ``body`` masks the elements that are done
     (``counts > k``). On JAX the loop is ``lax.fori_loop`` with a traced trip count, so it compiles
-    under ``jax.jit`` (it is then forward-mode differentiable only). On eager backends the trip count
-    is read to the host once (a single scalar, no array transfer) so no iteration is wasted; this is
-    the one host synchronisation of a retraction. Elements needing more than ``max_count``
+    under ``jax.jit`` (it is then forward-mode differentiable only); under ``torch.compile`` it is
+    torch's ``while_loop`` higher-order operator, so the graph does not break. On eager backends the
+    trip count is read to the host once (a single scalar, no array transfer) so no iteration is
+    wasted; this is the one host synchronisation of an eager retraction (free on a CPU, a stream
+    synchronisation on CUDA: compile the step there). Elements needing more than ``max_count``
     iterations are the caller's to flag.
     """
     if is_jax(xp):

@@ -22,15 +22,18 @@ __all__ = ["phi1", "retract_e", "retraction_kernel", "x_matrix"]
 
 Array = Any
 
-# φ₁ Taylor polynomial of degree 19 in Paterson–Stockmeyer form (chunks of 5: 4 + 3 matmuls); on
-# ‖X‖₁ ≤ θ = 1 its truncation error is Σ_{k≥20} 1/(k+1)! ≈ 2e-20, below unit roundoff.
-_PHI1_CHUNK = 5
-_PHI1_DEGREE = 19
-_PHI1_THETA = 1.0
-_PHI1_COEFFS = tuple(1.0 / math.factorial(k + 1) for k in range(_PHI1_DEGREE + 1))
-_PHI1_COEFF_MATRIX = [
-    [_PHI1_COEFFS[j * _PHI1_CHUNK + i] for i in range(_PHI1_CHUNK)] for j in range((_PHI1_DEGREE + 1) // _PHI1_CHUNK)
-]
+# φ₁ Taylor polynomials in Paterson–Stockmeyer form, by the precision of the arithmetic:
+# (degree, chunk, θ) with truncation error Σ_{k>degree} θ^k/(k+1)! below unit roundoff on ‖X‖₁ ≤ θ.
+#   float64: degree 19, chunks of 5 (4 + 3 products), θ = 1: error ≈ 2e-20 (u = 1.1e-16)
+#   float32: degree 8, chunks of 3 (2 + 2 products), θ = 0.7: error ≈ 1.1e-8 (u = 6.0e-8)
+# Balanced optimizer steps have ‖X‖₁ ≈ ‖W‖ ≪ θ, so neither needs a doubling.
+_PHI1_RULES = {"float64": (19, 5, 1.0), "float32": (8, 3, 0.7)}
+
+
+def _phi1_rule(X: Array, xp: Any) -> tuple[int, int, float, list]:
+    degree, chunk, theta = _PHI1_RULES["float64" if X.dtype == xp.float64 else "float32"]
+    coeffs = [1.0 / math.factorial(k + 1) for k in range(degree + 1)]
+    return degree, chunk, theta, [[coeffs[j * chunk + i] for i in range(chunk)] for j in range((degree + 1) // chunk)]
 
 
 def _norm1(X: Array, xp: Any) -> Array:
@@ -38,19 +41,21 @@ def _norm1(X: Array, xp: Any) -> Array:
 
 
 def _phi1_taylor(X: Array, xp: Any) -> Array:
-    """Σ_{k≤19} X^k/(k+1)! by Paterson–Stockmeyer: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)), deg qⱼ ≤ 4.
+    """Σ_{k≤m} X^k/(k+1)! by Paterson–Stockmeyer (m = 19 in float64: p = q₀ + X⁵(q₁ + X⁵(q₂ + X⁵q₃)),
+    deg qⱼ ≤ 4; m = 8 in float32: chunks of 3).
 
-    The four chunks qⱼ = Σᵢ c₅ⱼ₊ᵢ Xⁱ are one contraction of the stacked powers I…X⁴ with the 4×5
-    coefficient matrix (one operation instead of 36 small scalings and additions).
+    The chunks qⱼ = Σᵢ c_{cj+i} Xⁱ are one contraction of the stacked powers I…X^{c−1} with the
+    coefficient matrix (one operation instead of dozens of small scalings and additions).
     """
+    degree, chunk, _, matrix = _phi1_rule(X, xp)
     eye = xp.broadcast_to(linalg.eye(X.shape[-1], X), X.shape)
     powers = [eye, X]
-    for _ in range(2, _PHI1_CHUNK + 1):
+    for _ in range(2, chunk + 1):
         powers.append(powers[-1] @ X)
-    top = powers.pop()  # X⁵
-    n_chunks = (_PHI1_DEGREE + 1) // _PHI1_CHUNK
-    coeffs = xp.asarray(_PHI1_COEFF_MATRIX, dtype=X.dtype, device=_device(X))
-    chunks = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (4, ..., m, m)
+    top = powers.pop()  # X^chunk
+    n_chunks = (degree + 1) // chunk
+    coeffs = xp.asarray(matrix, dtype=X.dtype, device=_device(X))
+    chunks = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (n_chunks, ..., m, m)
     U = chunks[n_chunks - 1, ...]
     for j in range(n_chunks - 2, -1, -1):
         U = chunks[j, ...] + top @ U
@@ -59,10 +64,11 @@ def _phi1_taylor(X: Array, xp: Any) -> Array:
 
 def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     """φ₁(X) by scaling and doubling, given ``bound`` ≥ ‖X‖₁ per batch element: X_s = X/2ˢ with
-    ‖X_s‖₁ ≤ θ, the degree-19 Taylor polynomial, then φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) s times.
+    ‖X_s‖₁ ≤ θ, the Taylor polynomial of :func:`_phi1_taylor`, then φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) s times.
     Elements needing more than ``max_doublings`` come out NaN."""
     one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
-    s = xp.ceil(xp.log2(xp.maximum(bound / _PHI1_THETA, one)))
+    theta = _phi1_rule(X, xp)[2]
+    s = xp.ceil(xp.log2(xp.maximum(bound / theta, one)))
     s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
     Xs = X / xp.pow(2.0, s)[..., None, None]
     U = _phi1_taylor(Xs, xp)
@@ -83,7 +89,7 @@ def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
     Balancing: for X = [[X₁₁, X₁₂], [X₂₁, X₂₂]] (equal halves) φ₁(X) = D φ₁(D⁻¹XD) D⁻¹ with
     D = diag(I, αI), α = (‖X₂₁‖/‖X₁₂‖)^½. The kernels of the retractions have X₁₂ = I and
     X₂₁ = O(‖W‖²), so balancing makes ‖D⁻¹XD‖ = O(‖W‖) and optimizer-sized steps need no doubling.
-    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ 1, the degree-19 Taylor polynomial gives φ₁(X_s)
+    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ θ, the Taylor polynomial (degree 19 in float64, 8 in float32) gives φ₁(X_s)
     to unit roundoff, and φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
     """
     m = X.shape[-1]

@@ -47,6 +47,16 @@ checking at update calls 1, 2, 4, 8, … so that the check costs O(log steps) ho
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
 ``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers).
 
+**Precision.** float16/bfloat16 leaves are stepped in float32 (lift, transform state, retraction)
+and cast back to their dtype; the state holds float32 arrays. With Householder sections every
+retracted point is λ(Y)·g(W)E applied through an orthogonal Q, so orthogonality errors do not
+accumulate: after 1000 float32 Adam steps max|YᵀY − I| stays at a few roundoffs (≈2e-6 on the
+336 Stiefel(49, 7) ViT weights), and a half-precision weight stays at the accuracy of its own
+rounding (≈3e-3 bfloat16, ≈4e-4 float16).
+
+**Compilation.** ``jax.jit(opt.update)`` and ``torch.compile(opt.update, fullgraph=True)`` trace a
+whole step (tested equal to eager); compile after ``init`` (which registers torch's traceable geqrf).
+
 **Binding.** ``init(params, manifolds)`` records the manifolds and the grouping of this parameter
 tree on the optimizer (as ``torch.optim`` binds its parameters); ``update`` finds them there, so the
 state itself is an ordinary pytree of arrays — a NamedTuple that optree, ``jax.tree_util`` and
