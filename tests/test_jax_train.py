@@ -152,3 +152,27 @@ def test_a_gradient_of_another_dtype_is_refused_naming_the_parameter():
     grads = {"Y": jnp.ones((6, 2), dtype=jnp.float32), "w": jnp.ones((2,))}
     with pytest.raises(TypeError, match=re.escape("grad of params['Y'] has dtype float32, the parameter float64")):
         tx.update(grads, state, params)
+
+
+def test_float32_parameters_keep_their_dtype_and_a_step_refuses_another_dtype_by_name():
+    """A float32 tree (with jax_enable_x64 on) trains in float32: parameters, optimizer state and loss stay float32
+    and Y stays on St(6, 2) to 1e-5. Handing the step float64 parameters raises ``TypeError`` naming ``params['Y']``
+    at trace time (before: a dtype clash inside the manifold code, naming no parameter)."""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)
+    b32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), batch)
+    step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), p32, mans)
+    p, s = p32, state
+    for _ in range(3):
+        p, s, value = step(p, s, b32)
+    floats = [a for a in jax.tree_util.tree_leaves((p, s, value)) if jnp.issubdtype(a.dtype, jnp.floating)]
+    assert {str(a.dtype) for a in floats} == {"float32"}
+    assert mans["Y"].is_point(p["Y"], atol=1e-5)
+    with pytest.raises(TypeError, match=re.escape("params['Y'] has dtype float64, but this train step was built for")):
+        step(params, s, batch)
+    message = "params is not the tree this train step was built for: missing ['w']"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        step({"Y": p["Y"]}, s, b32)

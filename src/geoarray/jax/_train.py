@@ -10,7 +10,7 @@ import jax
 
 from ..optim import RiemannianOptimizer
 from ._optax import apply_updates
-from ._trees import align_manifolds, flatten, unflatten
+from ._trees import align_manifolds, check_like, flatten, signature, unflatten
 
 __all__ = ["make_train_step"]
 
@@ -74,10 +74,14 @@ def make_train_step(
         opt = copy.copy(optimizer)
         flat, _, _ = flatten(params, "params")
         state = opt.init(flat, align_manifolds(manifolds, params, flat))
+        built_for = signature(flat)
 
         def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any, Any]:
-            value, grads = value_and_grad(params, batch)
+            # at trace time (shapes and dtypes are static): name the leaf, before jax.grad or the
+            # core fail somewhere inside on a tree the step was not built for
             flat_p, paths, treedef = flatten(params, "params")
+            check_like(flat_p, built_for, "params", "this train step")
+            value, grads = value_and_grad(params, batch)
             flat_g, _, _ = flatten(grads, "grads")
             new, state = opt.update(flat_p, flat_g, state)
             return unflatten(treedef, paths, new), state, value
@@ -89,10 +93,12 @@ def make_train_step(
                 "(geoarray.jax.optax_transform(manifolds, ...))"
             )
         tx = optimizer
-        flatten(params, "params")  # the same checks and messages as the geoarray path
+        flat, _, _ = flatten(params, "params")  # the same checks and messages as the geoarray path
         state = tx.init(params)
+        built_for = signature(flat)
 
         def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any, Any]:
+            check_like(flatten(params, "params")[0], built_for, "params", "this train step")
             value, grads = value_and_grad(params, batch)
             updates, state = tx.update(grads, state, params)
             return apply_updates(params, updates, state), state, value

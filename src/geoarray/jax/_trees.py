@@ -91,6 +91,39 @@ def unflatten(treedef: Any, paths: list[str], flat: Mapping[str, Any]) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [flat[p] for p in paths])
 
 
+def signature(flat: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{path: (shape, dtype)}`` of a flattened tree: what a state built for it depends on."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in flat.items()}
+
+
+def _listed(keys: list[str]) -> str:
+    return f"{keys[:5]}{' …' if len(keys) > 5 else ''}"
+
+
+def check_like(flat: Mapping[str, Any], expected: Mapping[str, tuple], name: str, what: str) -> None:
+    """Raise naming the leaf unless ``flat`` has the paths, shapes and dtypes of ``expected``.
+
+    ``ValueError`` for missing or unexpected paths and for shapes, ``TypeError`` for dtypes, e.g.
+    ``params['Y'] has dtype float32, but the optimizer state was built for float64`` (``what`` =
+    "the optimizer state"). Static information only (shapes and dtypes): free under ``jax.jit``.
+    """
+    missing = [k for k in expected if k not in flat]
+    extra = [k for k in flat if k not in expected]
+    if missing or extra:
+        raise ValueError(
+            f"{name} is not the tree {what} was built for: missing {_listed(missing)}, unexpected {_listed(extra)}"
+        )
+    for k, (shape, dtype) in expected.items():
+        leaf = flat[k]
+        if tuple(leaf.shape) != tuple(shape):
+            raise ValueError(f"{name}[{k!r}] has shape {tuple(leaf.shape)}, but {what} was built for {tuple(shape)}")
+        if leaf.dtype != dtype:
+            raise TypeError(
+                f"{name}[{k!r}] has dtype {_backend.dtype_name(leaf.dtype)}, but {what} was built for "
+                f"{_backend.dtype_name(dtype)}"
+            )
+
+
 def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any]) -> dict[str, Manifold | None]:
     """The manifold of every parameter path (None: Euclidean), checked against the parameters.
 
