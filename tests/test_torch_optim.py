@@ -406,6 +406,57 @@ def test_grad_of_another_dtype_raises_by_name_before_anything_changes(torch, gt,
     assert opt.state_dict()["geoarray"]["groups"] == [[], []]
 
 
+def test_a_model_converted_after_the_first_step_is_refused_by_name(torch, gt, device):
+    """``module.to(float32)`` after the optimizer stepped: the state stayed float64, so the next step raises
+    ``TypeError`` naming ``'w'`` (before: a dtype clash inside the manifold code naming no parameter); parameter
+    and optimizer state unchanged (exactly). The same for a parameter moved to another device (``ValueError``),
+    checked by recording another device for the state (a CPU-only machine has no second device, and ``meta``
+    tensors are not converted in place by ``module.to``)."""
+    M = Stiefel(6, 2)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = _grads(torch, [module.w], 0)[0]
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict()["geoarray"]["groups"][0][0]["leaves"])
+    module.to(torch.float32)
+    assert isinstance(module.w, gt.ManifoldParameter) and module.w.dtype == torch.float32  # converted in place
+    module.w.grad = torch.ones_like(module.w)
+    before = module.w.detach().clone()
+    with pytest.raises(
+        TypeError, match=r"'w' has dtype torch\.float32, but the optimizer state was built for torch\.float64"
+    ):
+        opt.step()
+    assert torch.equal(module.w.detach(), before)
+    after = opt.state_dict()["geoarray"]["groups"][0][0]["leaves"]
+    assert all(torch.equal(a, b) for a, b in zip(after, saved, strict=True))
+
+    module.to(torch.float64)
+    module.w.grad = torch.ones_like(module.w)
+    opt._cohorts[0][0].where = ((torch.float64, torch.device("meta")),)  # the state "lives" on another device
+    with pytest.raises(ValueError, match=r"'w' is on device \S+, but the optimizer state was built on meta"):
+        opt.step()
+
+
+def test_a_gradient_on_another_device_is_refused_by_name(torch, gt, device):
+    """torch itself refuses to assign ``p.grad`` on another device (RuntimeError at the assignment); the optimizer's
+    own check — reached by gradients that bypass the setter — raises ``ValueError`` naming the parameter. Checked
+    on a stand-in parameter (a CPU-only machine has no second real device)."""
+    from types import SimpleNamespace
+
+    M = Stiefel(6, 2)
+    p = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    with pytest.raises(RuntimeError, match="device"):
+        p.grad = torch.empty(6, 2, dtype=torch.float64, device="meta")
+    opt = gt.Adam([p])
+    stand_in = SimpleNamespace(
+        grad=torch.empty(6, 2, dtype=torch.float64, device="meta"), dtype=p.dtype, device=p.device, shape=p.shape
+    )
+    group = {"params": [stand_in]}
+    with pytest.raises(ValueError, match=r"gradient of param_groups\[0\]\['params'\]\[0\] is on device meta"):
+        opt._check_grads(group, 0, [0])
+
+
 def test_manifold_muon_as_a_torch_optimizer_equals_the_core_and_resumes(torch, gt, device):
     """geoarray.torch.ManifoldMuon on Stiefel/Grassmann ManifoldParameters and a plain matrix (the bias goes to
     Adam in a second optimizer): bit-equal to the core's update, and a state_dict round trip resumes exactly."""

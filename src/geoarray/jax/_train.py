@@ -64,7 +64,9 @@ def make_train_step(
         already replicated; put ``params`` there with ``jax.device_put(params,
         NamedSharding(mesh, PartitionSpec()))``. Every device then computes the same update from the
         same reduced gradient (the default Householder section is deterministic), so replicas never
-        diverge.
+        diverge. Sharded parameters (FSDP-style, tensor parallelism) are not offered here; under the
+        caller's own ``jax.jit``, a weight sharded by rows gets the unsharded update (GSPMD; tested in
+        ``tests/test_jax_sharding.py``), with the communication the retraction needs inserted by XLA.
     donate
         Donate ``params`` and ``state`` to the step (``jax.jit(donate_argnums=(0, 1))``): their
         buffers are reused, and the arrays passed in must not be used afterwards.

@@ -34,9 +34,12 @@ What it does as a ``torch.optim.Optimizer``:
 * **torch.compile**: compile the model (``torch.compile(model)``); the optimizer runs eagerly on the
   parameters the compiled model shares. The optimizer step itself is not compiled here.
 * **bad input** — a ManifoldParameter whose shape or dtype does not fit its manifold, an initial
-  weight off the manifold, a gradient of another dtype, device or shape — raises ``TypeError`` or
+  weight off the manifold, a gradient of another dtype, device or shape, a parameter converted
+  (``module.to``) to another dtype or device after its state was built — raises ``TypeError`` or
   ``ValueError`` naming the parameter (``'layer.weight'`` when the optimizer was given
   ``model.named_parameters()``, else ``param_groups[g]['params'][i]``) before anything is changed.
+  The weights are checked to lie on their manifold when their state is created (one host read per
+  weight, at the first step); a weight moved off its manifold later, by the user, is not detected.
 
 Distributed use is described in :mod:`geoarray.torch`.
 """
@@ -74,6 +77,8 @@ class _Cohort:
     core: RiemannianOptimizer
     state: RiemannianState
     key: Any  # the hyperparameters the core was built from
+    # (dtype, device) of each parameter when the state was built: the state lives there
+    where: tuple[tuple[torch.dtype, torch.device], ...] = ()
 
 
 class _LiveLR:
@@ -203,7 +208,14 @@ class Optimizer(torch.optim.Optimizer):
             manifolds.append(m)
         core = self._make_core(group, gi)
         fresh = core.init([p.detach() for p in params], manifolds)
-        return _Cohort(indices, tuple(tuple(p.shape) for p in params), core, fresh if state is None else state, None)
+        return _Cohort(
+            indices,
+            tuple(tuple(p.shape) for p in params),
+            core,
+            fresh if state is None else state,
+            None,
+            tuple((p.dtype, p.device) for p in params),
+        )
 
     def _plan(self, group: dict, gi: int) -> list[tuple[_Cohort | tuple, bool]]:
         """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
@@ -233,6 +245,19 @@ class Optimizer(torch.optim.Optimizer):
                     raise ValueError(
                         f"{self._name(group, gi, i)} has shape {tuple(params[i].shape)}, but the optimizer state was "
                         f"built for {shape}"
+                    )
+            # a model converted (module.to) after the first step: the state stayed behind, and the core
+            # would fail on mixed dtypes deep inside, or promote silently, instead of naming the parameter
+            for i, (dtype, dev) in zip(cohort.indices, cohort.where, strict=False):
+                p, name = params[i], self._name(group, gi, i)
+                advice = "create the optimizer after converting the model (module.to(...))"
+                if p.dtype != dtype:
+                    raise TypeError(
+                        f"{name} has dtype {p.dtype}, but the optimizer state was built for {dtype}; {advice}"
+                    )
+                if p.device != dev:
+                    raise ValueError(
+                        f"{name} is on device {p.device}, but the optimizer state was built on {dev}; {advice}"
                     )
             plan.append(cohort)
         new = tuple(i for i in active if i not in covered)
@@ -291,7 +316,9 @@ class Optimizer(torch.optim.Optimizer):
         # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
         # the states travel with the copy
         state = super().__getstate__()
-        state["_cohorts"] = [[_Cohort(c.indices, c.shapes, None, c.state, None) for c in cs] for cs in self._cohorts]
+        state["_cohorts"] = [
+            [_Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
+        ]
         state["_factory"] = None if isinstance(self, _Method) else self._factory
         return state
 
