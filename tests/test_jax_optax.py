@@ -25,6 +25,7 @@ def test_updates_land_on_the_manifold_and_apply_updates_is_exact():
 
     params, mans, batch, loss = problem()
     tx = ga.jax.optax_transform(mans, "adam", lr=1e-2)
+    assert isinstance(tx, optax.GradientTransformation)
     state = tx.init(params)
     grads = jax.grad(loss)(params, batch)
     updates, state = jax.jit(tx.update)(grads, state, params)
@@ -213,3 +214,26 @@ def test_params_that_do_not_fit_the_state_or_grads_missing_a_leaf_raise_naming_t
         tx.update(jax.tree_util.tree_map(jnp.ones_like, wide), state, wide)
     with pytest.raises(ValueError, match=r"grads must have the leaves of params: missing \['w'\]"):
         tx.update({"Y": jnp.ones((6, 2))}, state, params)
+
+
+def test_multi_transform_gives_the_stiefel_leaf_to_geoarray_and_the_rest_to_optax_adamw():
+    """``optax.multi_transform({"geo": optax_transform, "euc": optax.adamw}, labels)``: the geoarray transformation
+    sees only ``Y`` (the other leaf is masked) and its 3 steps equal the core Adam on ``{"Y": Y}`` to 1e-13, Y on
+    St(6, 2) to 1e-13; ``w`` moves by adamw."""
+    import jax
+
+    params, mans, batch, loss = problem()
+    tx = optax.multi_transform(
+        {"geo": ga.jax.optax_transform(mans, "adam", lr=1e-2), "euc": optax.adamw(1e-2)}, {"Y": "geo", "w": "euc"}
+    )
+    core = ga.optim.Adam(lr=1e-2)
+    p, s = params, tx.init(params)
+    q, r = {"Y": params["Y"]}, core.init({"Y": params["Y"]}, {"Y": mans["Y"]})
+    for _ in range(3):
+        grads = jax.grad(loss)(p, batch)
+        q, r = core.update(q, {"Y": jax.grad(loss)({"Y": q["Y"], "w": p["w"]}, batch)["Y"]}, r)
+        u, s = tx.update(grads, s, p)
+        p = ga.jax.apply_updates(p, u, s)
+    np.testing.assert_allclose(np.asarray(p["Y"]), np.asarray(q["Y"]), rtol=0, atol=1e-13)
+    assert mans["Y"].is_point(p["Y"], atol=1e-13)
+    assert not np.allclose(np.asarray(p["w"]), np.asarray(params["w"]))
