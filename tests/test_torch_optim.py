@@ -406,6 +406,38 @@ def test_grad_of_another_dtype_raises_by_name_before_anything_changes(torch, gt,
     assert opt.state_dict()["geoarray"]["groups"] == [[], []]
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_precision_manifold_weights_are_refused_by_name(torch, gt, device, half):
+    """A Stiefel weight in float16/bfloat16 (no QR kernel / too coarse for the manifold's tolerance): refused by
+    ``ManifoldParameter`` and, for a model converted with ``module.to`` before the first step, by ``step`` naming
+    ``'w'`` with the values unchanged; a plain float16 tensor keeps the Euclidean update."""
+    dtype = getattr(torch, half)
+    M = Stiefel(6, 2)
+    point = M.random(0, xp=torch, dtype=torch.float64, device=device)
+    with pytest.raises(
+        TypeError, match=rf"data lives on Stiefel\(6, 2\) and must be float32 or float64, got torch\.{half}"
+    ):
+        gt.ManifoldParameter(point.to(dtype), M)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(point.to(torch.float32), M)
+    module.b = torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device))
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.to(dtype)
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    before = module.w.detach().clone()
+    with pytest.raises(
+        TypeError, match=rf"'w' lives on Stiefel\(6, 2\) and must be float32 or float64, got torch\.{half}"
+    ):
+        opt.step()
+    assert torch.equal(module.w.detach(), before) and torch.equal(module.b.detach(), torch.zeros_like(module.b))
+    euclidean = torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device))
+    opt = gt.Adam([euclidean], lr=0.05)
+    euclidean.grad = torch.ones_like(euclidean)
+    opt.step()
+    assert euclidean.dtype == dtype and bool((euclidean.detach() < 0).all())
+
+
 def test_a_model_converted_after_the_first_step_is_refused_by_name(torch, gt, device):
     """``module.to(float32)`` after the optimizer stepped: the state stayed float64, so the next step raises
     ``TypeError`` naming ``'w'`` (before: a dtype clash inside the manifold code naming no parameter); parameter

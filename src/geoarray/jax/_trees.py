@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from .. import _backend
-from ..manifolds import Grassmann, Stiefel, SymplecticStiefel
+from ..manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 from ..manifolds.base import Manifold
 
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
@@ -130,7 +130,8 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
     ``manifolds`` is a tree with a Manifold or None at (at least) the path of every parameter, a
     single Manifold when ``params`` is one array, a callable ``params -> tree``, or None (all
     Euclidean). Entries at paths without a parameter must be None (e.g. the static fields of an
-    equinox module); a Manifold there means the trees do not fit and raises ``ValueError``.
+    equinox module); a Manifold there means the trees do not fit and raises ``ValueError``. A
+    parameter on a manifold other than Euclidean must be float32 or float64 (``TypeError``).
     """
     if manifolds is None:
         return dict.fromkeys(flat_params)
@@ -160,7 +161,18 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
             f"manifolds names a manifold at {stray[:5]}, where params has no array; the manifolds tree does not fit "
             f"the parameters (parameter paths: {list(flat_params)[:8]}{' …' if len(flat_params) > 8 else ''})"
         )
-    return {p: found[p] for p in flat_params}
+    out = {p: found[p] for p in flat_params}
+    for p, m in out.items():
+        dtype = flat_params[p].dtype
+        if m is not None and not isinstance(m, Euclidean) and jax.numpy.issubdtype(dtype, jax.numpy.floating):
+            if dtype not in (jax.numpy.float32, jax.numpy.float64):
+                # the sections and retractions need QR and small dense solves: float32/float64 only in XLA
+                # (float16 has no QR kernel; bfloat16 is too coarse for is_point's tolerance)
+                raise TypeError(
+                    f"params[{p!r}] lives on {m!r} and must be float32 or float64, got {dtype}; keep manifold "
+                    "weights in float32 and cast to half precision inside the loss"
+                )
+    return out
 
 
 def _manifold_for(spec: Any, leaf: Any, key: str) -> Manifold | None:
