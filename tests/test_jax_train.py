@@ -180,3 +180,41 @@ def test_float32_parameters_keep_their_dtype_and_a_step_refuses_another_dtype_by
     message = "params is not the tree this train step was built for: missing ['w']"
     with pytest.raises(ValueError, match=re.escape(message)):
         step({"Y": p["Y"]}, s, b32)
+
+
+def test_resuming_with_a_saved_state_continues_bit_for_bit_and_accepts_drifted_weights():
+    """``make_train_step(..., state=saved)`` (a state after 2 steps, through NumPy as a checkpoint) continues exactly
+    like the original run (bit for bit, 2 more steps). Trained weights that drifted off St(6, 2) by more than
+    ``is_point``'s tolerance (here 2e-8 > 1e-10 in float64) are refused as *initial* weights but accepted with a
+    saved state; a state of another structure or dtype raises ``ValueError``."""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans)
+    p = params
+    for _ in range(2):
+        p, state, _ = step(p, state, batch)
+    saved_p, saved_state = jax.tree_util.tree_map(np.asarray, (p, state))
+    resumed, s2 = ga.jax.make_train_step(
+        loss, ga.optim.Adam(lr=1e-2), jax.tree_util.tree_map(jnp.asarray, saved_p), mans, state=saved_state
+    )
+    q = jax.tree_util.tree_map(jnp.asarray, saved_p)
+    for _ in range(2):
+        p, state, _ = step(p, state, batch)
+        q, s2, _ = resumed(q, s2, batch)
+    for a, b in zip(jax.tree_util.tree_leaves((p, state)), jax.tree_util.tree_leaves((q, s2)), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+    drifted = {**p, "Y": p["Y"] * (1 + 1e-8)}
+    assert not mans["Y"].is_point(drifted["Y"]) and mans["Y"].is_point(drifted["Y"], atol=1e-7)
+    with pytest.raises(ValueError, match=r"params\['Y'\] is not a point of Stiefel\(6, 2\)"):
+        ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), drifted, mans)
+    again, s3 = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), drifted, mans, state=state)
+    r, s3, _ = again(drifted, s3, batch)
+    assert int(s3.step) == int(state.step) + 1 and mans["Y"].is_point(r["Y"], atol=1e-7)
+    with pytest.raises(ValueError, match="state does not have the structure"):
+        ga.jax.make_train_step(loss, ga.optim.Momentum(lr=1e-2), params, mans, state=state)
+    as32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32) if a.dtype == jnp.float64 else a, state)
+    with pytest.raises(ValueError, match=r"state leaf \d+ is .* float32, this optimizer's state for params has"):
+        ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans, state=as32)

@@ -384,8 +384,12 @@ def test_wrong_shape_dtype_or_off_manifold_weights_are_refused_by_name(torch, gt
     with pytest.raises(TypeError, match=r"\[0\] lives on Stiefel\(6, 2\) and must have a real floating dtype"):
         gt.Adam([cplx])
     skewed = gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M, check=False)
+    opt = gt.Gradient([{"params": [good]}, {"params": [skewed]}])  # values are checked at the first step
+    good.grad, skewed.grad = torch.ones_like(good), torch.ones_like(skewed)
+    before = [good.detach().clone(), skewed.detach().clone()]
     with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] is not a point of Stiefel\(6, 2\)"):
-        gt.Gradient([{"params": [good]}, {"params": [skewed]}])
+        opt.step()
+    assert torch.equal(good.detach(), before[0]) and torch.equal(skewed.detach(), before[1])
     with pytest.raises(ValueError, match="data is not a point of Stiefel"):
         gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M)
     with pytest.raises(ValueError, match="beta2 must be"):
@@ -436,6 +440,41 @@ def test_half_precision_manifold_weights_are_refused_by_name(torch, gt, device, 
     euclidean.grad = torch.ones_like(euclidean)
     opt.step()
     assert euclidean.dtype == dtype and bool((euclidean.detach() < 0).all())
+
+
+def test_resuming_a_drifted_float32_weight_is_not_refused(torch, gt, device):
+    """A trained float32 weight drifts off St(6, 2) by rounding (|YᵀY − I| ~ 1e-4 after 10⁴ steps, is_point's float32
+    tolerance); here it is pushed to 3e-4. A *new* optimizer refuses it (an initial weight must be a point), but
+    ``load_state_dict`` into a new optimizer, a deepcopy, and a changed hyperparameter (core rebuilt) resume without
+    the check, and the resumed step equals the original optimizer's step bit for bit."""
+    M = Stiefel(6, 2)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32, device=device), M)
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = _grads(torch, [module.w], 0)[0].float()
+    opt.step()
+    with torch.no_grad():
+        module.w.mul_(1 + 1.5e-4)  # |YᵀY − I| ≈ 3e-4 on the diagonal
+    assert not M.is_point(module.w.detach()) and M.is_point(module.w.detach(), atol=1e-3)
+    fresh = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = torch.ones_like(module.w)
+    with pytest.raises(ValueError, match=r"'w' is not a point of Stiefel\(6, 2\)"):
+        fresh.step()
+
+    twin = copy.deepcopy(module)
+    loaded = gt.Adam(twin.named_parameters(), lr=0.05)
+    loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
+    copied_module = copy.deepcopy(module)
+    copied = copy.deepcopy(opt)
+    copied.param_groups[0]["params"] = [copied_module.w]
+    grad = _grads(torch, [module.w], 1)[0].float()
+    for m in (module, twin, copied_module):
+        m.w.grad = grad.clone()
+    opt.param_groups[0]["betas"] = (0.9, 0.99)  # a new core for the original, carrying its state
+    for o in (opt, loaded, copied):
+        o.step()
+    assert torch.equal(twin.w.detach(), module.w.detach())
+    assert torch.equal(copied_module.w.detach(), module.w.detach())
 
 
 def test_a_model_converted_after_the_first_step_is_refused_by_name(torch, gt, device):

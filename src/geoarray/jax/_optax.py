@@ -121,10 +121,10 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
       ``jax.eval_shape(tx.init, ...)`` + a restored checkpoint, or another ``optax_transform`` with
       the same options. (The geoarray optimizer underneath records a tree's layout when initialised;
       the transformation keeps one such copy per layout — paths, shapes, dtypes, manifolds.)
-    * Whether constrained weights lie on their manifold is checked eagerly only (one host read per
-      weight): in an eager ``init``, or in the first eager ``update`` for a tree seen for the first
-      time. A traced ``init`` (``jax.jit``, ``jax.eval_shape``, ``jax.vmap``) checks shapes and
-      dtypes only.
+    * Whether constrained weights lie on their manifold is checked by an eager ``init`` only (one
+      host read per weight). A traced ``init`` (``jax.jit``, ``jax.eval_shape``, ``jax.vmap``), and
+      ``update`` with a state this object did not initialise (restored weights may have drifted off
+      the manifold by rounding), check shapes and dtypes only.
     * Parameters whose shapes or dtypes differ from those ``state`` was built for (e.g. float32
       weights with a float64 state), and gradients missing a leaf, raise naming the leaf;
       a gradient of another dtype or shape than its parameter too (``TypeError``/``ValueError``,
@@ -174,7 +174,9 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
         opt, key, mans = bound_for(params, flat_p)
         if opt is None:  # a state from another transformation object, a checkpoint or a traced init
             opt = copy.copy(proto)
-            opt.init(flat_p, mans)  # validates and records the layout; its state is discarded (under jit: DCE)
+            # record the layout only (traced: no computation, and no check that trained weights,
+            # which drift off their manifold by rounding, are points: this is no initialisation)
+            jax.eval_shape(lambda f: opt.init(f, mans), flat_p)
             bound[key] = opt
         new, inner = opt.update(flat_p, flat_g, state.inner)
         updates = {k: new[k] - flat_p[k] for k in paths}
