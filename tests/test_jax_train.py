@@ -218,3 +218,21 @@ def test_resuming_with_a_saved_state_continues_bit_for_bit_and_accepts_drifted_w
     as32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32) if a.dtype == jnp.float64 else a, state)
     with pytest.raises(ValueError, match=r"state leaf \d+ is .* float32, this optimizer's state for params has"):
         ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans, state=as32)
+
+
+def test_donation_with_an_optax_chain():
+    """``make_train_step(loss, optax.chain(clip_by_global_norm, optax_transform), params, donate=True)``: 3 steps
+    run with donated buffers (the inputs are deleted, every state leaf its own buffer), Y on St(6, 2) to 1e-12."""
+    optax = pytest.importorskip("optax", reason="optax is not installed (pip install optax)")
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    tx = optax.chain(optax.clip_by_global_norm(1.0), ga.jax.optax_transform(mans, "adam", lr=1e-2))
+    step, state = ga.jax.make_train_step(loss, tx, params, donate=True)
+    p = jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), params)
+    first = p
+    for _ in range(3):
+        p, state, _ = step(p, state, batch)
+    assert first["Y"].is_deleted()
+    assert mans["Y"].is_point(p["Y"], atol=1e-12)
