@@ -25,6 +25,7 @@ def test_updates_land_on_the_manifold_and_apply_updates_is_exact():
 
     params, mans, batch, loss = problem()
     tx = ga.jax.optax_transform(mans, "adam", lr=1e-2)
+    assert isinstance(tx, optax.GradientTransformation)
     state = tx.init(params)
     grads = jax.grad(loss)(params, batch)
     updates, state = jax.jit(tx.update)(grads, state, params)
@@ -141,3 +142,98 @@ def test_bad_calls_are_refused():
         ga.jax.optax_transform(mans, ga.optim.Adam(), lr=1e-3)
     with pytest.raises(ValueError, match=r"params\['Y'\] is not a point of Stiefel\(6, 2\)"):
         tx.init({**params, "Y": 2 * params["Y"]})
+
+
+def _same(a, b) -> bool:
+    """Two pytrees with the same structure and bit-identical leaves."""
+    import jax
+
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb, strict=True))
+
+
+def test_init_and_update_are_pure_one_transformation_serves_two_trees():
+    """``tx`` initialised for tree A, then for tree B (other shapes), updates both: each update equals (bit for bit)
+    that of a transformation used for that tree alone. (geoarray's optimizers record a tree's layout in ``init``;
+    before, the second ``init`` rebound ``tx`` and the update of A raised.)"""
+    import jax
+    import jax.numpy as jnp
+
+    rule = lambda p: ga.jax.manifolds_like(p, {"^Y$": "stiefel"})  # noqa: E731
+    pa, _, _, _ = problem()
+    pb = {"Y": ga.Stiefel(5, 3).random(1, xp=jnp, dtype="float64"), "w": jnp.ones((3,), dtype=jnp.float64)}
+    ga_ = jax.tree_util.tree_map(lambda a: jnp.full_like(a, 0.3), pa)
+    gb = jax.tree_util.tree_map(lambda a: jnp.full_like(a, -0.2), pb)
+    tx = ga.jax.optax_transform(rule, "adam", lr=1e-2)
+    sa, sb = tx.init(pa), tx.init(pb)
+    ua, _ = tx.update(ga_, sa, pa)
+    ub, _ = tx.update(gb, sb, pb)
+    alone_a, alone_b = ga.jax.optax_transform(rule, "adam", lr=1e-2), ga.jax.optax_transform(rule, "adam", lr=1e-2)
+    assert _same(ua, alone_a.update(ga_, alone_a.init(pa), pa)[0])
+    assert _same(ub, alone_b.update(gb, alone_b.init(pb), pb)[0])
+
+
+def test_update_accepts_a_traced_init_or_a_restored_state_on_a_fresh_transformation():
+    """A state from ``jax.jit(tx.init)`` equals the eager one; a state saved after 2 steps (to NumPy and back, as a
+    checkpoint) continues on a *new* ``optax_transform`` object — never initialised — bit for bit like the
+    original run. (Before, the new object raised "has not been initialised".)"""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    tx = ga.jax.optax_transform(mans, "adam", lr=1e-2)
+    state = tx.init(params)
+    assert _same(jax.jit(ga.jax.optax_transform(mans, "adam", lr=1e-2).init)(params), state)
+    p = params
+    for _ in range(2):
+        u, state = tx.update(jax.grad(loss)(p, batch), state, p)
+        p = ga.jax.apply_updates(p, u, state)
+    saved = jax.tree_util.tree_map(np.asarray, (p, state))
+    restored_p, restored_state = jax.tree_util.tree_map(jnp.asarray, saved)
+    fresh = ga.jax.optax_transform(mans, "adam", lr=1e-2)
+    u1, s1 = tx.update(jax.grad(loss)(p, batch), state, p)
+    u2, s2 = fresh.update(jax.grad(loss)(restored_p, batch), restored_state, restored_p)
+    assert _same((u1, s1), (u2, s2))
+
+
+def test_params_that_do_not_fit_the_state_or_grads_missing_a_leaf_raise_naming_the_leaf():
+    """float32 weights with a state built for float64, a weight of another shape, and grads without ``w`` raise
+    ``TypeError``/``ValueError`` naming the leaf (not a dtype clash deep inside the manifold code)."""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, _, _ = problem()
+    tx = ga.jax.optax_transform(mans, "adam", lr=1e-2)
+    state = tx.init(params)
+    p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)
+    message = r"params\['Y'\] has dtype float32, but the optimizer state was built for float64"
+    with pytest.raises(TypeError, match=message):
+        tx.update(jax.tree_util.tree_map(jnp.ones_like, p32), state, p32)
+    wide = {"Y": ga.Stiefel(6, 3).random(0, xp=jnp, dtype="float64"), "w": params["w"]}
+    with pytest.raises(ValueError, match=r"params\['Y'\] has shape \(6, 3\), but the optimizer state was built for"):
+        tx.update(jax.tree_util.tree_map(jnp.ones_like, wide), state, wide)
+    with pytest.raises(ValueError, match=r"grads must have the leaves of params: missing \['w'\]"):
+        tx.update({"Y": jnp.ones((6, 2))}, state, params)
+
+
+def test_multi_transform_gives_the_stiefel_leaf_to_geoarray_and_the_rest_to_optax_adamw():
+    """``optax.multi_transform({"geo": optax_transform, "euc": optax.adamw}, labels)``: the geoarray transformation
+    sees only ``Y`` (the other leaf is masked) and its 3 steps equal the core Adam on ``{"Y": Y}`` to 1e-13, Y on
+    St(6, 2) to 1e-13; ``w`` moves by adamw."""
+    import jax
+
+    params, mans, batch, loss = problem()
+    tx = optax.multi_transform(
+        {"geo": ga.jax.optax_transform(mans, "adam", lr=1e-2), "euc": optax.adamw(1e-2)}, {"Y": "geo", "w": "euc"}
+    )
+    core = ga.optim.Adam(lr=1e-2)
+    p, s = params, tx.init(params)
+    q, r = {"Y": params["Y"]}, core.init({"Y": params["Y"]}, {"Y": mans["Y"]})
+    for _ in range(3):
+        grads = jax.grad(loss)(p, batch)
+        q, r = core.update(q, {"Y": jax.grad(loss)({"Y": q["Y"], "w": p["w"]}, batch)["Y"]}, r)
+        u, s = tx.update(grads, s, p)
+        p = ga.jax.apply_updates(p, u, s)
+    np.testing.assert_allclose(np.asarray(p["Y"]), np.asarray(q["Y"]), rtol=0, atol=1e-13)
+    assert mans["Y"].is_point(p["Y"], atol=1e-13)
+    assert not np.allclose(np.asarray(p["w"]), np.asarray(params["w"]))

@@ -112,6 +112,8 @@ def _bad(kind):
         params = {**params, "Y": 2.0 * params["Y"]}
     elif kind == "dtype":
         params = {**params, "Y": jnp.zeros((6, 2), dtype=jnp.int32)}
+    elif kind in ("float16", "bfloat16"):  # a point of St(6, 2), rounded: no QR kernel / too coarse
+        params = {**params, "Y": params["Y"].astype(kind)}
     elif kind == "not-an-array":
         params = {**params, "act": "tanh"}
         mans = {**mans, "act": None}
@@ -128,6 +130,8 @@ def _bad(kind):
         ("shape", ValueError, r"params\['Y'\] has shape \(5, 2\), which does not end in \(6, 2\)"),
         ("off-manifold", ValueError, r"params\['Y'\] is not a point of Stiefel\(6, 2\)"),
         ("dtype", TypeError, r"params\['Y'\] must have a real floating dtype"),
+        ("float16", TypeError, r"params\['Y'\] lives on Stiefel\(6, 2\) and must be float32 or float64, got float16"),
+        ("bfloat16", TypeError, r"params\['Y'\] lives on Stiefel\(6, 2\) and must be float32 or float64, got bfloat16"),
         ("not-an-array", TypeError, r"params\['act'\] is a str, not a JAX array"),
         ("missing-manifold", ValueError, r"manifolds has no entry for the parameter\(s\) \['Y'\]"),
         ("stray-manifold", ValueError, r"manifolds names a manifold at \['Z'\], where params has no array"),
@@ -152,3 +156,83 @@ def test_a_gradient_of_another_dtype_is_refused_naming_the_parameter():
     grads = {"Y": jnp.ones((6, 2), dtype=jnp.float32), "w": jnp.ones((2,))}
     with pytest.raises(TypeError, match=re.escape("grad of params['Y'] has dtype float32, the parameter float64")):
         tx.update(grads, state, params)
+
+
+def test_float32_parameters_keep_their_dtype_and_a_step_refuses_another_dtype_by_name():
+    """A float32 tree (with jax_enable_x64 on) trains in float32: parameters, optimizer state and loss stay float32
+    and Y stays on St(6, 2) to 1e-5. Handing the step float64 parameters raises ``TypeError`` naming ``params['Y']``
+    at trace time (before: a dtype clash inside the manifold code, naming no parameter)."""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    p32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params)
+    b32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), batch)
+    step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), p32, mans)
+    p, s = p32, state
+    for _ in range(3):
+        p, s, value = step(p, s, b32)
+    floats = [a for a in jax.tree_util.tree_leaves((p, s, value)) if jnp.issubdtype(a.dtype, jnp.floating)]
+    assert {str(a.dtype) for a in floats} == {"float32"}
+    assert mans["Y"].is_point(p["Y"], atol=1e-5)
+    with pytest.raises(TypeError, match=re.escape("params['Y'] has dtype float64, but this train step was built for")):
+        step(params, s, batch)
+    message = "params is not the tree this train step was built for: missing ['w']"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        step({"Y": p["Y"]}, s, b32)
+
+
+def test_resuming_with_a_saved_state_continues_bit_for_bit_and_accepts_drifted_weights():
+    """``make_train_step(..., state=saved)`` (a state after 2 steps, through NumPy as a checkpoint) continues exactly
+    like the original run (bit for bit, 2 more steps). Trained weights that drifted off St(6, 2) by more than
+    ``is_point``'s tolerance (here 2e-8 > 1e-10 in float64) are refused as *initial* weights but accepted with a
+    saved state; a state of another structure or dtype raises ``ValueError``."""
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans)
+    p = params
+    for _ in range(2):
+        p, state, _ = step(p, state, batch)
+    saved_p, saved_state = jax.tree_util.tree_map(np.asarray, (p, state))
+    resumed, s2 = ga.jax.make_train_step(
+        loss, ga.optim.Adam(lr=1e-2), jax.tree_util.tree_map(jnp.asarray, saved_p), mans, state=saved_state
+    )
+    q = jax.tree_util.tree_map(jnp.asarray, saved_p)
+    for _ in range(2):
+        p, state, _ = step(p, state, batch)
+        q, s2, _ = resumed(q, s2, batch)
+    for a, b in zip(jax.tree_util.tree_leaves((p, state)), jax.tree_util.tree_leaves((q, s2)), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+    drifted = {**p, "Y": p["Y"] * (1 + 1e-8)}
+    assert not mans["Y"].is_point(drifted["Y"]) and mans["Y"].is_point(drifted["Y"], atol=1e-7)
+    with pytest.raises(ValueError, match=r"params\['Y'\] is not a point of Stiefel\(6, 2\)"):
+        ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), drifted, mans)
+    again, s3 = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), drifted, mans, state=state)
+    r, s3, _ = again(drifted, s3, batch)
+    assert int(s3.step) == int(state.step) + 1 and mans["Y"].is_point(r["Y"], atol=1e-7)
+    with pytest.raises(ValueError, match="state does not have the structure"):
+        ga.jax.make_train_step(loss, ga.optim.Momentum(lr=1e-2), params, mans, state=state)
+    as32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32) if a.dtype == jnp.float64 else a, state)
+    with pytest.raises(ValueError, match=r"state leaf \d+ is .* float32, this optimizer's state for params has"):
+        ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans, state=as32)
+
+
+def test_donation_with_an_optax_chain():
+    """``make_train_step(loss, optax.chain(clip_by_global_norm, optax_transform), params, donate=True)``: 3 steps
+    run with donated buffers (the inputs are deleted, every state leaf its own buffer), Y on St(6, 2) to 1e-12."""
+    optax = pytest.importorskip("optax", reason="optax is not installed (pip install optax)")
+    import jax
+    import jax.numpy as jnp
+
+    params, mans, batch, loss = problem()
+    tx = optax.chain(optax.clip_by_global_norm(1.0), ga.jax.optax_transform(mans, "adam", lr=1e-2))
+    step, state = ga.jax.make_train_step(loss, tx, params, donate=True)
+    p = jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), params)
+    first = p
+    for _ in range(3):
+        p, state, _ = step(p, state, batch)
+    assert first["Y"].is_deleted()
+    assert mans["Y"].is_point(p["Y"], atol=1e-12)

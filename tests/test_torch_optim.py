@@ -384,8 +384,12 @@ def test_wrong_shape_dtype_or_off_manifold_weights_are_refused_by_name(torch, gt
     with pytest.raises(TypeError, match=r"\[0\] lives on Stiefel\(6, 2\) and must have a real floating dtype"):
         gt.Adam([cplx])
     skewed = gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M, check=False)
+    opt = gt.Gradient([{"params": [good]}, {"params": [skewed]}])  # values are checked at the first step
+    good.grad, skewed.grad = torch.ones_like(good), torch.ones_like(skewed)
+    before = [good.detach().clone(), skewed.detach().clone()]
     with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] is not a point of Stiefel\(6, 2\)"):
-        gt.Gradient([{"params": [good]}, {"params": [skewed]}])
+        opt.step()
+    assert torch.equal(good.detach(), before[0]) and torch.equal(skewed.detach(), before[1])
     with pytest.raises(ValueError, match="data is not a point of Stiefel"):
         gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M)
     with pytest.raises(ValueError, match="beta2 must be"):
@@ -404,6 +408,124 @@ def test_grad_of_another_dtype_raises_by_name_before_anything_changes(torch, gt,
         opt.step()
     assert all(torch.equal(p.detach(), s) for p, s in zip(params, snapshot, strict=True))
     assert opt.state_dict()["geoarray"]["groups"] == [[], []]
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_precision_manifold_weights_are_refused_by_name(torch, gt, device, half):
+    """A Stiefel weight in float16/bfloat16 (no QR kernel / too coarse for the manifold's tolerance): refused by
+    ``ManifoldParameter`` and, for a model converted with ``module.to`` before the first step, by ``step`` naming
+    ``'w'`` with the values unchanged; a plain float16 tensor keeps the Euclidean update."""
+    dtype = getattr(torch, half)
+    M = Stiefel(6, 2)
+    point = M.random(0, xp=torch, dtype=torch.float64, device=device)
+    with pytest.raises(
+        TypeError, match=rf"data lives on Stiefel\(6, 2\) and must be float32 or float64, got torch\.{half}"
+    ):
+        gt.ManifoldParameter(point.to(dtype), M)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(point.to(torch.float32), M)
+    module.b = torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device))
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.to(dtype)
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    before = module.w.detach().clone()
+    with pytest.raises(
+        TypeError, match=rf"'w' lives on Stiefel\(6, 2\) and must be float32 or float64, got torch\.{half}"
+    ):
+        opt.step()
+    assert torch.equal(module.w.detach(), before) and torch.equal(module.b.detach(), torch.zeros_like(module.b))
+    euclidean = torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device))
+    opt = gt.Adam([euclidean], lr=0.05)
+    euclidean.grad = torch.ones_like(euclidean)
+    opt.step()
+    assert euclidean.dtype == dtype and bool((euclidean.detach() < 0).all())
+
+
+def test_resuming_a_drifted_float32_weight_is_not_refused(torch, gt, device):
+    """A trained float32 weight drifts off St(6, 2) by rounding (|YᵀY − I| ~ 1e-4 after 10⁴ steps, is_point's float32
+    tolerance); here it is pushed to 3e-4. A *new* optimizer refuses it (an initial weight must be a point), but
+    ``load_state_dict`` into a new optimizer, a deepcopy, and a changed hyperparameter (core rebuilt) resume without
+    the check, and the resumed step equals the original optimizer's step bit for bit."""
+    M = Stiefel(6, 2)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32, device=device), M)
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = _grads(torch, [module.w], 0)[0].float()
+    opt.step()
+    with torch.no_grad():
+        module.w.mul_(1 + 1.5e-4)  # |YᵀY − I| ≈ 3e-4 on the diagonal
+    assert not M.is_point(module.w.detach()) and M.is_point(module.w.detach(), atol=1e-3)
+    fresh = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = torch.ones_like(module.w)
+    with pytest.raises(ValueError, match=r"'w' is not a point of Stiefel\(6, 2\)"):
+        fresh.step()
+
+    twin = copy.deepcopy(module)
+    loaded = gt.Adam(twin.named_parameters(), lr=0.05)
+    loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
+    copied_module = copy.deepcopy(module)
+    copied = copy.deepcopy(opt)
+    copied.param_groups[0]["params"] = [copied_module.w]
+    grad = _grads(torch, [module.w], 1)[0].float()
+    for m in (module, twin, copied_module):
+        m.w.grad = grad.clone()
+    opt.param_groups[0]["betas"] = (0.9, 0.99)  # a new core for the original, carrying its state
+    for o in (opt, loaded, copied):
+        o.step()
+    assert torch.equal(twin.w.detach(), module.w.detach())
+    assert torch.equal(copied_module.w.detach(), module.w.detach())
+
+
+def test_a_model_converted_after_the_first_step_is_refused_by_name(torch, gt, device):
+    """``module.to(float32)`` after the optimizer stepped: the state stayed float64, so the next step raises
+    ``TypeError`` naming ``'w'`` (before: a dtype clash inside the manifold code naming no parameter); parameter
+    and optimizer state unchanged (exactly). The same for a parameter moved to another device (``ValueError``),
+    checked by recording another device for the state (a CPU-only machine has no second device, and ``meta``
+    tensors are not converted in place by ``module.to``)."""
+    M = Stiefel(6, 2)
+    module = torch.nn.Module()
+    module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    module.w.grad = _grads(torch, [module.w], 0)[0]
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict()["geoarray"]["groups"][0][0]["leaves"])
+    module.to(torch.float32)
+    assert isinstance(module.w, gt.ManifoldParameter) and module.w.dtype == torch.float32  # converted in place
+    module.w.grad = torch.ones_like(module.w)
+    before = module.w.detach().clone()
+    with pytest.raises(
+        TypeError, match=r"'w' has dtype torch\.float32, but the optimizer state was built for torch\.float64"
+    ):
+        opt.step()
+    assert torch.equal(module.w.detach(), before)
+    after = opt.state_dict()["geoarray"]["groups"][0][0]["leaves"]
+    assert all(torch.equal(a, b) for a, b in zip(after, saved, strict=True))
+
+    module.to(torch.float64)
+    module.w.grad = torch.ones_like(module.w)
+    opt._cohorts[0][0].where = ((torch.float64, torch.device("meta")),)  # the state "lives" on another device
+    with pytest.raises(ValueError, match=r"'w' is on device \S+, but the optimizer state was built on meta"):
+        opt.step()
+
+
+def test_a_gradient_on_another_device_is_refused_by_name(torch, gt, device):
+    """torch itself refuses to assign ``p.grad`` on another device (RuntimeError at the assignment); the optimizer's
+    own check — reached by gradients that bypass the setter — raises ``ValueError`` naming the parameter. Checked
+    on a stand-in parameter (a CPU-only machine has no second real device)."""
+    from types import SimpleNamespace
+
+    M = Stiefel(6, 2)
+    p = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    with pytest.raises(RuntimeError, match="device"):
+        p.grad = torch.empty(6, 2, dtype=torch.float64, device="meta")
+    opt = gt.Adam([p])
+    stand_in = SimpleNamespace(
+        grad=torch.empty(6, 2, dtype=torch.float64, device="meta"), dtype=p.dtype, device=p.device, shape=p.shape
+    )
+    group = {"params": [stand_in]}
+    with pytest.raises(ValueError, match=r"gradient of param_groups\[0\]\['params'\]\[0\] is on device meta"):
+        opt._check_grads(group, 0, [0])
 
 
 def test_manifold_muon_as_a_torch_optimizer_equals_the_core_and_resumes(torch, gt, device):

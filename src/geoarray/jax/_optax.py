@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ..optim import BFGS, Adam, AdamWithDecay, Gradient, Momentum, RiemannianOptimizer, riemannian
-from ._trees import align_manifolds, flatten, unflatten
+from ._trees import align_manifolds, check_like, flatten, signature, unflatten
 
 __all__ = ["RiemannianOptaxState", "apply_updates", "optax_transform"]
 
@@ -116,8 +116,19 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
       returning zeros between accumulations) keep points on the manifold (zero updates). Wrappers that
       scale or average the updates themselves (``optax.inject_hyperparams`` of the learning rate is
       not supported; give ``lr`` a schedule instead) do not.
-    * ``init`` binds the parameter tree's layout to this transformation (a new ``init`` rebinds);
-      one transformation object per parameter tree.
+    * ``init`` and ``update`` behave as pure functions: one transformation may serve several
+      parameter trees, and ``update`` accepts a state from ``jax.jit(tx.init)``,
+      ``jax.eval_shape(tx.init, ...)`` + a restored checkpoint, or another ``optax_transform`` with
+      the same options. (The geoarray optimizer underneath records a tree's layout when initialised;
+      the transformation keeps one such copy per layout — paths, shapes, dtypes, manifolds.)
+    * Whether constrained weights lie on their manifold is checked by an eager ``init`` only (one
+      host read per weight). A traced ``init`` (``jax.jit``, ``jax.eval_shape``, ``jax.vmap``), and
+      ``update`` with a state this object did not initialise (restored weights may have drifted off
+      the manifold by rounding), check shapes and dtypes only.
+    * Parameters whose shapes or dtypes differ from those ``state`` was built for (e.g. float32
+      weights with a float64 state), and gradients missing a leaf, raise naming the leaf;
+      a gradient of another dtype or shape than its parameter too (``TypeError``/``ValueError``,
+      before any state is returned).
     * The state carries one copy of the parameters (``points``) for :func:`apply_updates`.
     """
     try:
@@ -126,12 +137,24 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
         raise ImportError(
             "geoarray.jax.optax_transform returns an optax.GradientTransformation: pip install optax"
         ) from exc
-    opt = build_optimizer(method_or_transform, options)
+    proto = build_optimizer(method_or_transform, options)
+    # geoarray's optimizers record a tree's layout in init (their binding), but optax's contract is
+    # two pure functions: one transformation may serve several trees, init may be traced (jax.jit,
+    # jax.eval_shape) or never called (a restored state). So every layout gets its own bound copy,
+    # looked up by the parameters themselves in update; nothing depends on which init ran last.
+    bound: dict[tuple, RiemannianOptimizer] = {}
+
+    def bound_for(params: Any, flat: dict) -> tuple[RiemannianOptimizer | None, tuple, dict]:
+        mans = align_manifolds(manifolds, params, flat)
+        key = tuple((k, tuple(v.shape), str(v.dtype), mans[k]) for k, v in flat.items())
+        return bound.get(key), key, mans
 
     def init(params: Any) -> RiemannianOptaxState:
         flat, _, _ = flatten(params, "params")
-        mans = align_manifolds(manifolds, params, flat)
-        inner = opt.init(flat, mans)
+        opt, key, mans = bound_for(params, flat)
+        opt = copy.copy(proto) if opt is None else opt
+        inner = opt.init(flat, mans)  # validates the parameters (eagerly: also that points are on their manifold)
+        bound[key] = opt
         return RiemannianOptaxState(inner, {k: jnp.zeros_like(v) for k, v in flat.items()})
 
     def update(grads: Any, state: RiemannianOptaxState, params: Any = None) -> tuple[Any, RiemannianOptaxState]:
@@ -143,6 +166,18 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
             raise TypeError(f"state must be the RiemannianOptaxState from tx.init, got {type(state).__name__}")
         flat_p, paths, treedef = flatten(params, "params")
         flat_g, _, _ = flatten(grads, "grads")
+        # the state's points have the shape and dtype of the parameters it was built for
+        check_like(flat_p, signature(state.points), "params", "the optimizer state")
+        if list(flat_g) != paths:
+            missing, extra = [k for k in paths if k not in flat_g], [k for k in flat_g if k not in flat_p]
+            raise ValueError(f"grads must have the leaves of params: missing {missing[:5]}, unexpected {extra[:5]}")
+        opt, key, mans = bound_for(params, flat_p)
+        if opt is None:  # a state from another transformation object, a checkpoint or a traced init
+            opt = copy.copy(proto)
+            # record the layout only (traced: no computation, and no check that trained weights,
+            # which drift off their manifold by rounding, are points: this is no initialisation)
+            jax.eval_shape(lambda f: opt.init(f, mans), flat_p)
+            bound[key] = opt
         new, inner = opt.update(flat_p, flat_g, state.inner)
         updates = {k: new[k] - flat_p[k] for k in paths}
         return unflatten(treedef, paths, updates), RiemannianOptaxState(inner, new)

@@ -10,7 +10,7 @@ import jax
 
 from ..optim import RiemannianOptimizer
 from ._optax import apply_updates
-from ._trees import align_manifolds, flatten, unflatten
+from ._trees import align_manifolds, check_like, flatten, signature, unflatten
 
 __all__ = ["make_train_step"]
 
@@ -25,6 +25,7 @@ def make_train_step(
     mesh: Any = None,
     batch_axis: str | None = None,
     donate: bool = False,
+    state: Any = None,
 ) -> tuple[Callable[[Any, Any, Any], tuple[Any, Any, Any]], Any]:
     """``train_step, state = make_train_step(loss_fn, optimizer, params, manifolds)``.
 
@@ -64,7 +65,15 @@ def make_train_step(
         already replicated; put ``params`` there with ``jax.device_put(params,
         NamedSharding(mesh, PartitionSpec()))``. Every device then computes the same update from the
         same reduced gradient (the default Householder section is deterministic), so replicas never
-        diverge.
+        diverge. Sharded parameters (FSDP-style, tensor parallelism) are not offered here; under the
+        caller's own ``jax.jit``, a weight sharded by rows gets the unsharded update (GSPMD; tested in
+        ``tests/test_jax_sharding.py``), with the communication the retraction needs inserted by XLA.
+    state
+        To resume: an optimizer state saved from an earlier step (e.g. restored from a checkpoint).
+        It is checked against the state ``params`` would get (tree structure, shapes and dtypes;
+        ``ValueError`` otherwise) and returned instead of a fresh one; the parameters are then not
+        checked to lie on their manifold, since trained weights drift off it by rounding (float32:
+        of the order of ``is_point``'s tolerance 1e-4 after 10⁴ steps).
     donate
         Donate ``params`` and ``state`` to the step (``jax.jit(donate_argnums=(0, 1))``): their
         buffers are reused, and the arrays passed in must not be used afterwards.
@@ -73,11 +82,16 @@ def make_train_step(
     if isinstance(optimizer, RiemannianOptimizer):
         opt = copy.copy(optimizer)
         flat, _, _ = flatten(params, "params")
-        state = opt.init(flat, align_manifolds(manifolds, params, flat))
+        mans = align_manifolds(manifolds, params, flat)
+        state = _initial_state(lambda f: opt.init(f, mans), flat, state)
+        built_for = signature(flat)
 
         def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any, Any]:
-            value, grads = value_and_grad(params, batch)
+            # at trace time (shapes and dtypes are static): name the leaf, before jax.grad or the
+            # core fail somewhere inside on a tree the step was not built for
             flat_p, paths, treedef = flatten(params, "params")
+            check_like(flat_p, built_for, "params", "this train step")
+            value, grads = value_and_grad(params, batch)
             flat_g, _, _ = flatten(grads, "grads")
             new, state = opt.update(flat_p, flat_g, state)
             return unflatten(treedef, paths, new), state, value
@@ -89,10 +103,12 @@ def make_train_step(
                 "(geoarray.jax.optax_transform(manifolds, ...))"
             )
         tx = optimizer
-        flatten(params, "params")  # the same checks and messages as the geoarray path
-        state = tx.init(params)
+        flat, _, _ = flatten(params, "params")  # the same checks and messages as the geoarray path
+        state = _initial_state(tx.init, params, state)
+        built_for = signature(flat)
 
         def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any, Any]:
+            check_like(flatten(params, "params")[0], built_for, "params", "this train step")
             value, grads = value_and_grad(params, batch)
             updates, state = tx.update(grads, state, params)
             return apply_updates(params, updates, state), state, value
@@ -127,3 +143,27 @@ def make_train_step(
         donate_argnums=donate_argnums,
     )
     return jitted, state
+
+
+def _initial_state(init: Callable[[Any], Any], params: Any, given: Any) -> Any:
+    """``init(params)``, or ``given`` (a resumed state) checked against what ``init`` would return.
+
+    For a given state, ``init`` is only traced (``jax.eval_shape``): it records the layout on the
+    optimizer and computes nothing, and it cannot read values, so trained weights are not held to
+    ``is_point``'s tolerance for initial weights.
+    """
+    if given is None:
+        return init(params)
+    like = jax.eval_shape(init, params)
+    want, got = jax.tree_util.tree_structure(like), jax.tree_util.tree_structure(given)
+    if want != got:
+        raise ValueError(
+            f"state does not have the structure of this optimizer's state for params:\n  {got}\nexpected\n  {want}"
+        )
+    for k, (a, b) in enumerate(zip(jax.tree_util.tree_leaves(like), jax.tree_util.tree_leaves(given), strict=True)):
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            raise ValueError(
+                f"state leaf {k} is {tuple(b.shape)} {b.dtype}, this optimizer's state for params has "
+                f"{tuple(a.shape)} {a.dtype}"
+            )
+    return jax.tree_util.tree_map(jax.numpy.asarray, given)

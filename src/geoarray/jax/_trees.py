@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from .. import _backend
-from ..manifolds import Grassmann, Stiefel, SymplecticStiefel
+from ..manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 from ..manifolds.base import Manifold
 
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
@@ -91,13 +91,47 @@ def unflatten(treedef: Any, paths: list[str], flat: Mapping[str, Any]) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [flat[p] for p in paths])
 
 
+def signature(flat: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{path: (shape, dtype)}`` of a flattened tree: what a state built for it depends on."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in flat.items()}
+
+
+def _listed(keys: list[str]) -> str:
+    return f"{keys[:5]}{' …' if len(keys) > 5 else ''}"
+
+
+def check_like(flat: Mapping[str, Any], expected: Mapping[str, tuple], name: str, what: str) -> None:
+    """Raise naming the leaf unless ``flat`` has the paths, shapes and dtypes of ``expected``.
+
+    ``ValueError`` for missing or unexpected paths and for shapes, ``TypeError`` for dtypes, e.g.
+    ``params['Y'] has dtype float32, but the optimizer state was built for float64`` (``what`` =
+    "the optimizer state"). Static information only (shapes and dtypes): free under ``jax.jit``.
+    """
+    missing = [k for k in expected if k not in flat]
+    extra = [k for k in flat if k not in expected]
+    if missing or extra:
+        raise ValueError(
+            f"{name} is not the tree {what} was built for: missing {_listed(missing)}, unexpected {_listed(extra)}"
+        )
+    for k, (shape, dtype) in expected.items():
+        leaf = flat[k]
+        if tuple(leaf.shape) != tuple(shape):
+            raise ValueError(f"{name}[{k!r}] has shape {tuple(leaf.shape)}, but {what} was built for {tuple(shape)}")
+        if leaf.dtype != dtype:
+            raise TypeError(
+                f"{name}[{k!r}] has dtype {_backend.dtype_name(leaf.dtype)}, but {what} was built for "
+                f"{_backend.dtype_name(dtype)}"
+            )
+
+
 def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any]) -> dict[str, Manifold | None]:
     """The manifold of every parameter path (None: Euclidean), checked against the parameters.
 
     ``manifolds`` is a tree with a Manifold or None at (at least) the path of every parameter, a
     single Manifold when ``params`` is one array, a callable ``params -> tree``, or None (all
     Euclidean). Entries at paths without a parameter must be None (e.g. the static fields of an
-    equinox module); a Manifold there means the trees do not fit and raises ``ValueError``.
+    equinox module); a Manifold there means the trees do not fit and raises ``ValueError``. A
+    parameter on a manifold other than Euclidean must be float32 or float64 (``TypeError``).
     """
     if manifolds is None:
         return dict.fromkeys(flat_params)
@@ -127,7 +161,18 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
             f"manifolds names a manifold at {stray[:5]}, where params has no array; the manifolds tree does not fit "
             f"the parameters (parameter paths: {list(flat_params)[:8]}{' …' if len(flat_params) > 8 else ''})"
         )
-    return {p: found[p] for p in flat_params}
+    out = {p: found[p] for p in flat_params}
+    for p, m in out.items():
+        dtype = flat_params[p].dtype
+        if m is not None and not isinstance(m, Euclidean) and jax.numpy.issubdtype(dtype, jax.numpy.floating):
+            if dtype not in (jax.numpy.float32, jax.numpy.float64):
+                # the sections and retractions need QR and small dense solves: float32/float64 only in XLA
+                # (float16 has no QR kernel; bfloat16 is too coarse for is_point's tolerance)
+                raise TypeError(
+                    f"params[{p!r}] lives on {m!r} and must be float32 or float64, got {dtype}; keep manifold "
+                    "weights in float32 and cast to half precision inside the loss"
+                )
+    return out
 
 
 def _manifold_for(spec: Any, leaf: Any, key: str) -> Manifold | None:

@@ -34,9 +34,14 @@ What it does as a ``torch.optim.Optimizer``:
 * **torch.compile**: compile the model (``torch.compile(model)``); the optimizer runs eagerly on the
   parameters the compiled model shares. The optimizer step itself is not compiled here.
 * **bad input** — a ManifoldParameter whose shape or dtype does not fit its manifold, an initial
-  weight off the manifold, a gradient of another dtype, device or shape — raises ``TypeError`` or
+  weight off the manifold, a gradient of another dtype, device or shape, a parameter converted
+  (``module.to``) to another dtype or device after its state was built — raises ``TypeError`` or
   ``ValueError`` naming the parameter (``'layer.weight'`` when the optimizer was given
   ``model.named_parameters()``, else ``param_groups[g]['params'][i]``) before anything is changed.
+  Shapes and dtypes are checked when the parameters are added; that the weights lie on their
+  manifold when their state is created (one host read per weight, at their first step — not after
+  ``load_state_dict``, since trained float32 weights drift off by ~1e-4 in 10⁴ steps, the size of
+  ``is_point``'s tolerance). A weight moved off its manifold later, by the user, is not detected.
 
 Distributed use is described in :mod:`geoarray.torch`.
 """
@@ -74,6 +79,8 @@ class _Cohort:
     core: RiemannianOptimizer
     state: RiemannianState
     key: Any  # the hyperparameters the core was built from
+    # (dtype, device) of each parameter when the state was built: the state lives there
+    where: tuple[tuple[torch.dtype, torch.device], ...] = ()
 
 
 class _LiveLR:
@@ -168,7 +175,9 @@ class Optimizer(torch.optim.Optimizer):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
             m = manifold_of(p)
             if m is not None:
-                check_manifold_tensor(p, m, name, on_manifold=True)
+                # that the values lie on the manifold is checked when a state is first created (the
+                # first step), not here: load_state_dict may follow, with trained weights that drifted
+                check_manifold_tensor(p, m, name)
             elif not p.dtype.is_floating_point or p.dtype.is_complex:
                 raise TypeError(f"{name} must have a real floating dtype, got {p.dtype}")
         # build a core once so that bad hyperparameters fail here, not at the first step
@@ -193,17 +202,36 @@ class Optimizer(torch.optim.Optimizer):
             if g.shape != p.shape:
                 raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
 
-    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], state: Any = None) -> _Cohort:
+    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> _Cohort:
+        """A cohort with a fresh core and state for ``group["params"][i] for i in indices``.
+
+        ``restoring=True`` (a saved or carried state is about to replace the fresh one: load_state_dict,
+        a core rebuilt after a copy or a hyperparameter change) skips the check that the weights lie on
+        their manifold: trained weights drift off it by rounding (in float32 of the order of
+        ``is_point``'s tolerance 1e-4 after 10⁴ steps), and resuming must not be refused for that. The
+        core then records its layout on random points of the same shapes, dtypes and devices.
+        """
         params = [group["params"][i] for i in indices]
         manifolds = []
         for i, p in zip(indices, params, strict=True):
             m = manifold_of(p)
             if m is not None:
-                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
+                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=not restoring)
             manifolds.append(m)
+        leaves = [
+            p.detach() if m is None or not restoring else _probe_point(m, p)
+            for p, m in zip(params, manifolds, strict=True)
+        ]
         core = self._make_core(group, gi)
-        fresh = core.init([p.detach() for p in params], manifolds)
-        return _Cohort(indices, tuple(tuple(p.shape) for p in params), core, fresh if state is None else state, None)
+        fresh = core.init(leaves, manifolds)
+        return _Cohort(
+            indices,
+            tuple(tuple(p.shape) for p in params),
+            core,
+            fresh,
+            None,
+            tuple((p.dtype, p.device) for p in params),
+        )
 
     def _plan(self, group: dict, gi: int) -> list[tuple[_Cohort | tuple, bool]]:
         """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
@@ -233,6 +261,19 @@ class Optimizer(torch.optim.Optimizer):
                     raise ValueError(
                         f"{self._name(group, gi, i)} has shape {tuple(params[i].shape)}, but the optimizer state was "
                         f"built for {shape}"
+                    )
+            # a model converted (module.to) after the first step: the state stayed behind, and the core
+            # would fail on mixed dtypes deep inside, or promote silently, instead of naming the parameter
+            for i, (dtype, dev) in zip(cohort.indices, cohort.where, strict=False):
+                p, name = params[i], self._name(group, gi, i)
+                advice = "create the optimizer after converting the model (module.to(...))"
+                if p.dtype != dtype:
+                    raise TypeError(
+                        f"{name} has dtype {p.dtype}, but the optimizer state was built for {dtype}; {advice}"
+                    )
+                if p.device != dev:
+                    raise ValueError(
+                        f"{name} is on device {p.device}, but the optimizer state was built on {dev}; {advice}"
                     )
             plan.append(cohort)
         new = tuple(i for i in active if i not in covered)
@@ -275,7 +316,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _rebuild(self, group: dict, gi: int, cohort: _Cohort, key: Any) -> _Cohort:
         """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
-        fresh = self._new_cohort(group, gi, cohort.indices)
+        fresh = self._new_cohort(group, gi, cohort.indices, restoring=True)
         if optree.tree_structure(fresh.state) != optree.tree_structure(cohort.state):
             raise ValueError(
                 f"changing the hyperparameters of param group {gi} changed the structure of its optimizer state "
@@ -291,7 +332,9 @@ class Optimizer(torch.optim.Optimizer):
         # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
         # the states travel with the copy
         state = super().__getstate__()
-        state["_cohorts"] = [[_Cohort(c.indices, c.shapes, None, c.state, None) for c in cs] for cs in self._cohorts]
+        state["_cohorts"] = [
+            [_Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
+        ]
         state["_factory"] = None if isinstance(self, _Method) else self._factory
         return state
 
@@ -366,7 +409,7 @@ class Optimizer(torch.optim.Optimizer):
             indices = tuple(int(i) for i in entry["indices"])
             if not indices or any(not 0 <= i < n for i in indices):
                 raise ValueError(f"state_dict: param group {gi} refers to parameters {indices}; the group has {n}")
-            cohort = self._new_cohort(group, gi, indices)
+            cohort = self._new_cohort(group, gi, indices, restoring=True)
             like_leaves, treedef = optree.tree_flatten(cohort.state)
             if entry["structure"] != str(treedef):
                 raise ValueError(
@@ -392,6 +435,14 @@ class Optimizer(torch.optim.Optimizer):
             cohort.key = self._hyper_key(group)
             cohorts.append(cohort)
         return cohorts
+
+
+def _probe_point(manifold: Any, p: torch.Tensor) -> torch.Tensor:
+    """A point of ``manifold`` with the shape, dtype and device of ``p`` (for binding a core's layout)."""
+    k = len(manifold.point_shape or ())
+    if not k:
+        return p.detach()
+    return manifold.random(0, xp=torch, batch_shape=tuple(p.shape[: p.ndim - k]), dtype=p.dtype, device=p.device)
 
 
 def _options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
