@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from .. import _backend
-from ..manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
+from ..manifolds import Grassmann, Stiefel, SymplecticStiefel
 from ..manifolds.base import Manifold
 
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
@@ -131,7 +131,7 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
     single Manifold when ``params`` is one array, a callable ``params -> tree``, or None (all
     Euclidean). Entries at paths without a parameter must be None (e.g. the static fields of an
     equinox module); a Manifold there means the trees do not fit and raises ``ValueError``. A
-    parameter on a manifold other than Euclidean must be float32 or float64 (``TypeError``).
+    parameter in float16/bfloat16 is stepped in float32 by the optimizer and cast back.
     """
     if manifolds is None:
         return dict.fromkeys(flat_params)
@@ -162,16 +162,6 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
             f"the parameters (parameter paths: {list(flat_params)[:8]}{' …' if len(flat_params) > 8 else ''})"
         )
     out = {p: found[p] for p in flat_params}
-    for p, m in out.items():
-        dtype = flat_params[p].dtype
-        if m is not None and not isinstance(m, Euclidean) and jax.numpy.issubdtype(dtype, jax.numpy.floating):
-            if dtype not in (jax.numpy.float32, jax.numpy.float64):
-                # the sections and retractions need QR and small dense solves: float32/float64 only in XLA
-                # (float16 has no QR kernel; bfloat16 is too coarse for is_point's tolerance)
-                raise TypeError(
-                    f"params[{p!r}] lives on {m!r} and must be float32 or float64, got {dtype}; keep manifold "
-                    "weights in float32 and cast to half precision inside the loss"
-                )
     return out
 
 

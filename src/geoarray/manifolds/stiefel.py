@@ -132,10 +132,13 @@ class OrthonormalFrames(Manifold):
         return Q * signs[..., None, :]
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
-        """max |YᵀY − I| ≤ atol over the whole batch (default 1e-10 in float64, 1e-4 in float32)."""
+        """max |YᵀY − I| ≤ atol over the whole batch (default 1e-10 in float64, 1e-4 in float32, 4e-3 in
+        float16, 3e-2 in bfloat16; half precision is checked in float32 arithmetic)."""
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
         atol = self._default_atol(Y.dtype, xp) if atol is None else atol
+        if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
+            Y = xp.astype(Y, xp.float32)
         err = xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y)
         return bool(xp.all(xp.abs(err) <= atol))
 

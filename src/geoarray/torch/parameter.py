@@ -16,7 +16,7 @@ __all__ = ["ManifoldParameter", "check_manifold_tensor", "manifold_of"]
 def check_manifold_tensor(tensor: Any, manifold: Manifold, name: str, *, on_manifold: bool = False) -> None:
     """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``tensor`` can be a point of ``manifold``.
 
-    Static checks (a real floating dtype — float32 or float64 for a manifold other than Euclidean —,
+    Static checks (a real floating dtype; float16/bfloat16 weights are stepped in float32 by the optimizers,
     a shape ending in ``manifold.point_shape``) always; with
     ``on_manifold=True`` also ``manifold.is_point`` at its default tolerance (one host read).
     """
@@ -24,13 +24,6 @@ def check_manifold_tensor(tensor: Any, manifold: Manifold, name: str, *, on_mani
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.dtype.is_floating_point or tensor.dtype.is_complex:
         raise TypeError(f"{name} lives on {manifold!r} and must have a real floating dtype, got {tensor.dtype}")
-    if not isinstance(manifold, Euclidean) and tensor.dtype not in (torch.float32, torch.float64):
-        # the sections and retractions need QR and small dense solves, which torch has in float32/float64 only
-        # (float16: "geqrf not implemented"; bfloat16 is too coarse for is_point's tolerance)
-        raise TypeError(
-            f"{name} lives on {manifold!r} and must be float32 or float64, got {tensor.dtype}; keep manifold weights "
-            "in float32 and compute in half precision with torch.autocast"
-        )
     shape = manifold.point_shape
     if shape is not None and tuple(tensor.shape[-len(shape) :]) != tuple(shape):
         raise ValueError(
@@ -74,7 +67,8 @@ class ManifoldParameter(torch.nn.Parameter):
     of the same object).
 
     The tensor's shape must end in ``manifold.point_shape`` (leading axes are a batch of points,
-    e.g. the stacked heads of an attention layer) and its dtype float32 or float64; ``check=True``
+    e.g. the stacked heads of an attention layer) and its dtype real floating (float16/bfloat16 weights
+    are stepped in float32 and cast back); ``check=True``
     (the default) also refuses values off the manifold (``manifold.is_point``; one host read).
     ``manifold=None`` or ``Euclidean()`` means unconstrained.
     """
