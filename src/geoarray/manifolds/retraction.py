@@ -89,8 +89,8 @@ def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
     Balancing: for X = [[X₁₁, X₁₂], [X₂₁, X₂₂]] (equal halves) φ₁(X) = D φ₁(D⁻¹XD) D⁻¹ with
     D = diag(I, αI), α = (‖X₂₁‖/‖X₁₂‖)^½. The kernels of the retractions have X₁₂ = I and
     X₂₁ = O(‖W‖²), so balancing makes ‖D⁻¹XD‖ = O(‖W‖) and optimizer-sized steps need no doubling.
-    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ θ, the Taylor polynomial (degree 19 in float64, 8 in float32) gives φ₁(X_s)
-    to unit roundoff, and φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
+    Scaling and doubling: with X_s = X/2ˢ, ‖X_s‖₁ ≤ θ, the Taylor polynomial (degree 19 in float64,
+    8 in float32) gives φ₁(X_s) to unit roundoff, and φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times.
     """
     m = X.shape[-1]
     balance = m % 2 == 0 and m > 0
