@@ -14,8 +14,10 @@ of the paper). The optimizer needs only three things from it:
 Strategies (the manifold's ``section`` keyword chooses):
 
 ``"householder"`` → :class:`HouseholderSection`
-    Q⊥ = the last N − n columns of the Householder Q of Y in compact-WY form Q = I − V T Vᵀ.
-    Deterministic, O(N·n²) to build, O(N·n) memory, applied in O(N·n·k). Never N×N.
+    Q⊥ = the last N − n columns of the Householder Q of Y in compact-WY form Q = I − V T Vᵀ, and
+    λ = Q·diag(S, I) with the signs S of R's diagonal. Deterministic, O(N·n²) to build, O(N·n)
+    memory, applied (λX, λᵀD) through Q in two N×n×k products. Never N×N. Retracted points are
+    orthonormal to rounding at every step, whatever the accumulated error of Y.
 ``"random"`` → :class:`DenseSection`
     The paper's Algorithm 2: sample A ∈ R^{N×(N−n)}, remove its Y-component, QR. Dense
     N×(N−n) storage and an O(N²(N−n)) QR per call; explicitly seeded.
