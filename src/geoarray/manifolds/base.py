@@ -138,7 +138,10 @@ class Manifold(abc.ABC):
                     f"{_backend.dtype_name(first.dtype)}: {self!r} does not promote "
                     "silently; cast one of them"
                 )
-            if _backend.device(a) != _backend.device(first):
+            # under jax.vmap a batched tracer reports no device: compare concrete arrays only
+            if not (_backend.is_traced(a) or _backend.is_traced(first)) and _backend.device(a) != _backend.device(
+                first
+            ):
                 raise ValueError(
                     f"{name} is on device {_backend.device(a)} but {first_name} on {_backend.device(first)}; "
                     "move them to one device"
