@@ -6,7 +6,8 @@ Weight sets (float32, Stiefel, ``geoarray.optim.Adam`` with its defaults):
   batched (336, 49, 7) tensor;
 * ``1024x64`` and ``4096x128``: one Stiefel weight each;
 * ``vit-leaves``: the same 336 projections plus the 33 Euclidean weights of the ViT as 369 separate leaves
-  (grouping happens inside the optimizer, by default).
+  (grouping happens inside the optimizer, by default);
+* ``tiny``: 8 × Stiefel(16, 4), batched, for smoke tests (not in the default ``--sets``).
 
 Baselines, per backend: torch — ``torch.optim.Adam`` (its default foreach implementation, β = (0.9, 0.99))
 on tensors of the same shapes; JAX — ``optax.adam`` under ``jax.jit`` against ``jax.jit(opt.update)``
@@ -41,12 +42,16 @@ import geoarray
 from geoarray import optim
 
 SETS = ("vit", "1024x64", "4096x128", "vit-leaves")
+ALL_SETS = (*SETS, "tiny")
 
 
 def weights(name: str, xp, dtype):
     if name == "vit":
         M = geoarray.Stiefel(49, 7)
         return {"W": M.random(0, xp=xp, batch_shape=(336,), dtype=dtype)}, {"W": M}
+    if name == "tiny":
+        M = geoarray.Stiefel(16, 4)
+        return {"W": M.random(0, xp=xp, batch_shape=(8,), dtype=dtype)}, {"W": M}
     if name in ("1024x64", "4096x128"):
         N, n = map(int, name.split("x"))
         M = geoarray.Stiefel(N, n)
@@ -231,7 +236,7 @@ def drift_geoopt(steps: int) -> float | None:
 def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["torch", "jax", "numpy"], choices=["torch", "jax", "numpy"])
-    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=ALL_SETS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--drift-steps", type=int, default=1000)

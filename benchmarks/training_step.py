@@ -158,16 +158,18 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
     fns["fwd_bwd"] = make_step(m, None)
     modules["euclidean"] = m = module(model_e)
     fns["euclidean"] = make_step(m, torch.optim.Adam(m.parameters(), lr=LR, betas=(0.9, 0.99)))
-    modules["geoarray_euclidean"] = m = module(model_e)
-    fns["geoarray_euclidean"] = make_step(m, gt.Adam(m.parameters(), lr=LR))
+    if args.peers:
+        modules["geoarray_euclidean"] = m = module(model_e)
+        fns["geoarray_euclidean"] = make_step(m, gt.Adam(m.parameters(), lr=LR))
     modules["stiefel"] = m = module(model_s)
     fns["stiefel"] = make_step(m, gt.Adam(m.parameters(), lr=LR))
     notes = {"stiefel": "geoarray.torch.Adam on ManifoldParameters", "euclidean": "torch.optim.Adam (foreach)"}
     try:
         import geoopt
     except ImportError:
+        geoopt = None
         notes["geoopt"] = "geoopt not installed: pip install geoopt to compare"
-    else:
+    if geoopt is not None and args.peers:
         m = module(model_s)
         for name, p in list(m.named_parameters()):
             if isinstance(p, gt.ManifoldParameter):
@@ -284,9 +286,10 @@ def bench_jax(config: dict, batches_np, args) -> dict[str, Any]:
     fns, boxes, compile_s = {"fwd_bwd": fwd_bwd}, {}, {}
     builders = {
         "euclidean": lambda: gj.make_train_step(loss_fn, optax.adam(LR, b1=0.9, b2=0.99), params),
-        "geoarray_euclidean": lambda: gj.make_train_step(loss_fn, optim.Adam(lr=LR), params, None),
         "stiefel": lambda: gj.make_train_step(loss_fn, optim.Adam(lr=LR), params, model_s.manifolds()),
     }
+    if args.peers:
+        builders["geoarray_euclidean"] = lambda: gj.make_train_step(loss_fn, optim.Adam(lr=LR), params, None)
     start = time.perf_counter()
     fwd_bwd()
     compile_s["fwd_bwd"] = time.perf_counter() - start
@@ -367,6 +370,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument(
+        "--no-peers",
+        dest="peers",
+        action="store_false",
+        help="leave out the extra columns (geoarray's Euclidean Adam, geoopt): quicker smoke runs",
+    )
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     config = dict(CONFIGS[args.model])
