@@ -102,7 +102,24 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    import subprocess
+
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=os.path.dirname(here),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
     return {
+        "git_commit": (commit or None) and commit + ("+dirty src" if dirty else ""),
         "cpu": cpu,
         "logical_cores": os.cpu_count(),
         "threads": threads,
