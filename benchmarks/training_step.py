@@ -35,7 +35,20 @@ on its own copy of the weights and cycling through the same 8 mini-batches; the 
 Ratios are what carries over between machines; the issue's target is Stiefel / Euclidean ≤ 1.15×
 (Brantner's paper measured 1.03× on CPU).
 
-Latest numbers, with the machine they came from: benchmarks/README.md.
+Latest measurement (``--model digits``, batch 64, float32, median of 30; AMD EPYC Zen 4, 2 vCPUs shared
+with other jobs; torch 2.13.0+cpu, jax 0.10.2, numpy 2.4.6, geoopt 0.5.1; src/ = main 1f23738, before the
+optimizer rewrite of issue #11), in ms:
+
+=================  =======  ===========  =========  ============  ======  ==============
+backend            fwd+bwd  Euclid Adam  ga Euclid  Stiefel-Adam  geoopt  Stiefel/Euclid
+=================  =======  ===========  =========  ============  ======  ==============
+torch, 1 thread      11.75        13.78      16.83         22.27   24.71           1.62×
+numpy (analytic)      7.64         9.55          —         13.47       —           1.41×
+jax (jit)            16.91        18.91      18.93         19.37       —           1.02×
+=================  =======  ===========  =========  ============  ======  ==============
+
+JAX first calls (trace + compile): optax step 3.1 s, Stiefel step 30.3 s. More (2 threads, ``--model
+paper``, the machine) in benchmarks/README.md.
 """
 
 from __future__ import annotations
