@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/training_step.py [--backends torch numpy jax] [--model digits|paper]
         [--steps 30] [--batch-size 64] [--n-layers L] [--dtype float32] [--threads 2]
-        [--torch-grad autograd|analytic] [--no-peers] [--json out.json]
+        [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--json out.json]
 
 The network is the vision transformer of ``geoarray demo`` / ``geoarray train vit`` (Brantner,
 *Generalizing Adam to Manifolds for Efficiently Training Transformers*; no layer norm, the paper's L2
@@ -47,13 +47,14 @@ optimizer rewrite of issue #11), in ms:
 =================  =======  ===========  =========  ============  ======  ==============
 backend            fwd+bwd  Euclid Adam  ga Euclid  Stiefel-Adam  geoopt  Stiefel/Euclid
 =================  =======  ===========  =========  ============  ======  ==============
-torch, 1 thread      11.75        13.78      16.83         22.27   24.71           1.62×
-numpy (analytic)      7.64         9.55          —         13.47       —           1.41×
-jax (jit)            16.91        18.91      18.93         19.37       —           1.02×
+torch, 1 thread       6.13         7.53       8.87         11.06   12.95           1.47×
+numpy (analytic)      3.20         4.30          —          6.14       —           1.43×
+jax (jit)             8.24         8.82       8.64          9.91       —           1.12×
 =================  =======  ===========  =========  ============  ======  ==============
 
-JAX first calls (trace + compile): optax step 3.1 s, Stiefel step 30.3 s. More (2 threads, ``--model
-paper``, the machine) in benchmarks/README.md.
+JAX first calls (trace + compile): optax step 1.6 s, Stiefel step 14.1 s. Earlier runs under heavier load
+gave 1.62× / 1.41× / 1.02×. More (2 threads, ``--model paper``, a profile, the machine) in
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         fns["geoopt"] = make_step(m, geoopt.optim.RiemannianAdam(m.parameters(), lr=LR, betas=(0.9, 0.99)))
         notes["geoopt"] = f"geoopt {geoopt.__version__} RiemannianAdam, Stiefel (canonical)"
     medians = interleaved_medians(fns, args.steps, warmup=args.warmup)
+    profile = _profile_torch(fns, args.profile) if args.profile else None
     # not timed: batches whose autograd gradient (initial weights) is not finite, where the optimizers skip
     # (geoarray) or propagate NaN (torch, geoopt) and the step is not the one meant to be timed
     bad = 0
@@ -227,7 +229,23 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         extra = {"stiefel_max_YtY_minus_I": drift}
         if "geoopt" in modules:
             extra["geoopt_max_YtY_minus_I"] = _orthonormality(model_s, modules["geoopt"].param_tree())
-    return {"medians": medians, "notes": notes, "nonfinite_gradient_batches": bad, **extra}
+    row = {"medians": medians, "notes": notes, "nonfinite_gradient_batches": bad, **extra}
+    if profile is not None:
+        row["profile"] = profile
+    return row
+
+
+def _profile_torch(fns, top: int) -> dict[str, str]:
+    """torch.profiler tables (top ``top`` operators by self CPU time) of 5 steps of the Stiefel and Euclidean runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tables = {}
+    for name in ("stiefel", "euclidean"):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                fns[name]()
+        tables[name] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    return tables
 
 
 def _orthonormality(model, params) -> float:
@@ -429,6 +447,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="torch gradients: autograd of apply (default) or the analytic pullbacks (Module(analytic=True))",
     )
     parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="K",
+        help="torch: after the timing, profile 5 Stiefel and 5 Euclidean steps and print the top K operators",
+    )
+    parser.add_argument(
         "--no-peers",
         dest="peers",
         action="store_false",
@@ -454,6 +479,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         row["ratios"] = ratios(row["medians"])
         row["backend"] = backend
         print_table(backend, row, args.steps)
+        for name, table in row.get("profile", {}).items():
+            print(f"\n{backend} profile, 5 {name} steps (torch.profiler, self CPU time):\n{table}")
         row["medians_ms"] = {k: v * 1e3 for k, v in row.pop("medians").items()}
         rows.append(row)
     if args.json:
