@@ -21,21 +21,22 @@ steps, ``--steps`` rounds call each optimizer once, interleaved in alternating o
 processes on a shared machine hits all alike), and the tables give the medians. Ratios are what matters:
 absolute times depend on the machine and its load.
 
-Latest measurement (main's optimizer, src/ = 1f23738, before the rewrite of issue #11; torch 2.13.0+cpu
-with 1 thread, float32, median of 30, AMD EPYC Zen 4, 2 vCPUs shared with other jobs; more in
-benchmarks/README.md), ratio = geoarray / plain Adam:
+Latest measurement (main's optimizer, src/ = 1f23738, before the rewrite of issue #11; every library on
+one thread — ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32,
+median of 30, AMD EPYC Zen 4, 2 vCPUs shared with other jobs; more in benchmarks/README.md), ratio =
+geoarray / plain Adam:
 
 ==========  =====  =====  =====  =================
 set         torch  jax    numpy  geoopt / geoarray
 ==========  =====  =====  =====  =================
-vit         18.3×  23.4×  9.0×   2.3×
-1024x64     33.7×  21.8×  10.5×  8.2×
-4096x128    12.9×  213×   17.8×  40.8×
-vit-leaves  2.4×   1.5×   1.9×   3.3×
+vit         20.9×  13.3×  11.2×  2.1×
+1024x64     15.8×  14.0×  6.7×   8.9×
+4096x128    16.9×  48.1×  11.5×  36.2×
+vit-leaves  2.3×   —      1.9×   3.6×
 ==========  =====  =====  =====  =================
 
-Drift after 1000 float32 steps on the ViT set: geoarray 5.4e-6, geoopt 3.5e-5. JAX compile: vit 24 s,
-vit-leaves 238 s.
+Drift after 1000 float32 steps on the ViT set: geoarray 5.4e-6, geoopt 3.5e-5. JAX compile: vit 14 s,
+vit-leaves 238 s (default threads, under load).
 
     python benchmarks/optimizer_step.py [--backends torch jax numpy] [--steps 30] [--json out.json]
 """
