@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,3 +58,72 @@ def block_leaves(tree: Any) -> None:
     for leaf in optree.tree_leaves(tree):
         if hasattr(leaf, "shape"):
             block(leaf)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], steps: int, *, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per call of every function in ``fns``, measured interleaved.
+
+    Each function is called ``warmup`` times (not timed; JIT compilation and allocator caches), then
+    ``steps`` rounds call each function once, in an order that alternates between rounds (forward,
+    then reversed), so that load from other processes on a shared machine and any order effect hit
+    all of them alike. A function must wait for its own result (``block_leaves``) before returning.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for k in range(steps):
+        for name in names if k % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def machine_info(threads: int | None = None) -> dict[str, Any]:
+    """CPU model, logical cores, the requested torch threads and library versions (without importing them)."""
+    import os
+    import platform
+    from importlib import metadata
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for dist in ("numpy", "torch", "jax", "jaxlib", "optax", "geoopt"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    import subprocess
+
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=os.path.dirname(here),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    return {
+        "git_commit": (commit or None) and commit + ("+dirty src" if dirty else ""),
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "threads": threads,
+        "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        **versions,
+    }

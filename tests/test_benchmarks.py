@@ -1,0 +1,111 @@
+"""Smoke tests of the benchmark scripts in benchmarks/: they run and their ``--json`` output is complete.
+
+Each script's ``main([...])`` runs in-process with tiny options (2 timed steps, 1 transformer block,
+batch 8, the ``tiny`` weight set, 5 drift steps) on the backend of the session only, and the JSON it
+writes must hold the expected keys with positive, finite medians and ratios. No time is asserted: speed
+is what the scripts print, not what the tests check. The benchmarks run on the CPU, so the CUDA
+sessions and the backends without a table in the scripts (array-api-strict, cupy) are skipped with
+the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+TABLES = ("numpy", "torch", "jax")  # the backends the two scripts print a table for
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH_DIR, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench_backend(backend) -> str:
+    """The benchmark's backend name for this session, or a skip saying why there is none."""
+    if backend.name not in TABLES:
+        if backend.name.endswith("-cuda") or backend.name == "cupy":
+            pytest.skip(f"benchmarks/ time the CPU backends only (numpy, torch, jax); {backend.name} is a GPU session")
+        pytest.skip(f"benchmarks/ print no table for {backend.name}: their backends are numpy, torch and jax")
+    if backend.name == "jax":
+        pytest.importorskip("optax", reason="the JAX baseline is optax.adam")
+    return backend.name
+
+
+def _positive_finite(value, what: str) -> None:
+    assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, f"{what} = {value!r}"
+
+
+def test_training_step_json(bench_backend, tmp_path, capsys):
+    pytest.importorskip("sklearn", reason="training_step.py's default ViT trains on scikit-learn's digits (demo extra)")
+    path = tmp_path / "training_step.json"
+    argv = ["--backends", bench_backend, "--n-layers", "1", "--batch-size", "8", "--steps", "2", "--warmup", "1"]
+    if bench_backend == "jax":
+        argv.append("--no-peers")  # one jax.jit compile less; the compiles dominate this session's time
+    _load("training_step").main([*argv, "--threads", "1", "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert out["benchmark"] == "training_step"
+    assert {"cpu", "logical_cores", "threads", "numpy", "torch", "jax"} <= set(out["machine"])
+    assert out["config"]["n_layers"] == 1 and out["config"]["model"] == "digits"
+    (row,) = out["rows"]
+    assert row["backend"] == bench_backend
+    expected = {"fwd_bwd", "euclidean", "stiefel"} | ({"geoarray_euclidean"} if bench_backend == "torch" else set())
+    assert expected <= set(row["medians_ms"])
+    for key, ms in row["medians_ms"].items():
+        _positive_finite(ms, f"medians_ms[{key!r}]")
+    _positive_finite(row["ratios"]["stiefel_over_euclidean"], "stiefel_over_euclidean")
+    assert 0 <= row["stiefel_max_YtY_minus_I"] < 1e-4, "the Stiefel weights left the manifold"
+    if bench_backend == "jax":
+        assert {"fwd_bwd", "euclidean", "stiefel"} <= set(row["compile_s"])
+    printed = capsys.readouterr().out
+    assert f"{bench_backend}: full ViT training step" in printed and "Stiefel/Euclid" in printed
+
+
+def test_optimizer_step_json(bench_backend, tmp_path, capsys):
+    path = tmp_path / "optimizer_step.json"
+    argv = ["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--drift-steps", "5", "--threads", "1"]
+    _load("optimizer_step").main([*argv, "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert out["benchmark"] == "optimizer_step" and "cpu" in out["machine"]
+    rows = [r for r in out["rows"] if "set" in r]
+    (row,) = rows
+    assert row["set"] == "tiny" and row["backend"] == bench_backend
+    for key in ("geoarray_ms", "adam_ms", "ratio"):
+        _positive_finite(row[key], key)
+    if bench_backend == "jax":
+        _positive_finite(row["compile_s"], "compile_s")
+    if bench_backend == "torch":
+        if "geoopt_ms" in row:
+            for key in ("geoopt_ms", "geoopt_over_adam", "geoopt_over_geoarray"):
+                _positive_finite(row[key], key)
+        else:
+            assert row["geoopt"].startswith("geoopt not installed")
+        (drift,) = [r for r in out["rows"] if "drift_steps" in r]
+        assert drift["drift_steps"] == 5 and 0 <= drift["max_abs_YtY_minus_I"] < 1e-4
+    else:
+        assert not any("drift_steps" in r for r in out["rows"]), "the drift is measured in the torch table only"
+    assert f"{bench_backend}: geoarray Stiefel-Adam step" in capsys.readouterr().out
+
+
+def test_optimizer_step_without_geoopt(bench_backend, tmp_path, capsys, monkeypatch):
+    """Without geoopt the torch table says so in one line and the JSON row carries the same message."""
+    if bench_backend != "torch":
+        pytest.skip("geoopt is a torch peer: only the torch table compares with it")
+    module = _load("optimizer_step")
+    monkeypatch.setattr(module, "_geoopt", lambda: None)
+    path = tmp_path / "optimizer_step.json"
+    module.main(["--backends", "torch", "--sets", "tiny", "--steps", "2", "--drift-steps", "2", "--threads", "1",
+                 "--json", str(path)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.count("geoopt not installed: pip install geoopt to compare") >= 1
+    rows = json.loads(path.read_text())["rows"]
+    assert rows[0]["geoopt"] == module.GEOOPT_MISSING and "geoopt_ms" not in rows[0]
+    assert rows[-1]["geoopt"] == module.GEOOPT_MISSING
