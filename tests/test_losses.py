@@ -168,6 +168,27 @@ def test_zero_residual_gives_zero_subgradient(xp, device, loss):
     assert np.all(g == 0)
 
 
+@pytest.mark.parametrize("loss", [RelativeL2Loss(), ClassificationL2Loss()], ids=repr)
+def test_autodiff_of_the_value_is_finite_where_prediction_equals_target(backend, xp, device, loss):
+    """torch/JAX autodiff of ``loss(p, t)`` at p = t (a saturated float32 softmax) gives the subgradient 0
+    of the pullback, not √'(0)·0 = NaN, which made every step of the paper-sized ViT non-finite."""
+    if backend.kind not in ("torch", "jax"):
+        pytest.skip("autodiff of the value needs torch or JAX")
+    y = softmax(_normal(0, (3, 4), xp, device))
+    t = xp.concat([y[:1, ...], softmax(_normal(1, (2, 4), xp, device))], axis=0)  # row 0: p = t
+    if backend.kind == "torch":
+        p = y.clone().requires_grad_(True)
+        loss(p, t).backward()
+        grad = p.grad
+    else:
+        import jax
+
+        grad = jax.grad(lambda p: loss(p, t))(y)
+    _, pb = loss.vjp(y, t)
+    assert np.all(np.isfinite(to_numpy(grad)))
+    assert_close(grad, pb(), xp=xp, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # softmax
 # ---------------------------------------------------------------------------------------------

@@ -113,6 +113,14 @@ class Loss:
         return xp, target
 
 
+def _sqrt_zero_safe(sq: Array, xp: Any) -> Array:
+    """√sq with derivative 0 (not ∞·0 = NaN) at sq = 0 under torch/JAX autodiff: a saturated
+    prediction p = t (exact one-hot softmax outputs in float32) then gets the subgradient 0, as the
+    hand-written pullbacks give."""
+    positive = sq > 0
+    return xp.where(positive, xp.sqrt(xp.where(positive, sq, xp.ones_like(sq))), xp.zeros_like(sq))
+
+
 def _safe_div(a: Array, b: Array, xp: Any) -> Array:
     """a / b where b > 0, else 0: the subgradient at a minimum of a norm."""
     positive = b > 0
@@ -138,7 +146,7 @@ class RelativeL2Loss(Loss):
     def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
         xp = self._same_shape(pred, target)
         r = pred - target
-        num = xp.sqrt(xp.sum(r * r))
+        num = _sqrt_zero_safe(xp.sum(r * r), xp)
         den = xp.sqrt(xp.sum(target * target))
         value = as_array(num / den)
 
@@ -181,7 +189,7 @@ class ClassificationL2Loss(Loss):
     def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
         xp, t = self._class_target(pred, target)
         r = pred - t
-        norms = xp.sqrt(xp.sum(r * r, axis=-1, keepdims=True))
+        norms = _sqrt_zero_safe(xp.sum(r * r, axis=-1, keepdims=True), xp)
         B = _batch_size(pred)
         value = as_array(xp.sum(norms) / B)
 
