@@ -245,6 +245,28 @@ def test_householder_section_through_q_equals_its_definition(xp, device, N, n):
     assert_close(M.apply_section(lam, X), by_definition, xp=xp, atol=1e-13)
 
 
+def test_packed_householder_section_equals_the_compact_wy_form(backend, xp, device):
+    """torch's packed-reflector section (ormqr; chosen for batches of ≥ 16 small frames) equals the compact-WY
+    section in every operation (λX, λᵀD, Q⊥X, Q⊥ᵀD) to 1e-13, and a Stiefel-Adam step with it equals the
+    step taken with the WY form (float64)."""
+    if backend.kind != "torch":
+        pytest.skip("the packed (ormqr) section is torch's fast path")
+    from geoarray.manifolds import PackedHouseholderSection
+
+    M = Stiefel(12, 3)
+    Y = M.random(0, xp=xp, batch_shape=(20,), device=device)
+    packed, wy = M.global_section(Y), HouseholderSection.of(Y)
+    assert isinstance(packed, PackedHouseholderSection)
+    X = geoarray.random.normal(1, (20, 12, 2), xp=xp, device=device)
+    assert_close(packed.apply(X), wy.apply(X), xp=xp, atol=1e-13)
+    assert_close(packed.coords(X), wy.coords(X), xp=xp, atol=1e-13)
+    assert_close(packed.perp_t(X), wy.perp_t(X), xp=xp, atol=1e-13)
+    assert_close(packed.perp(X[..., 3:, :]), wy.perp(X[..., 3:, :]), xp=xp, atol=1e-13)
+    G = geoarray.random.normal(2, (20, 12, 3), xp=xp, device=device)
+    steps = [M.apply_section(lam, M.retraction(0.1 * M.lift(Y, lam, G))) for lam in (packed, wy)]
+    assert_close(steps[0], steps[1], xp=xp, atol=1e-13)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_householder_retraction_does_not_carry_orthogonality_errors(xp, device, kind):
     """From a point with |YᵀY − I| ≈ 1e-7 (accumulated drift), λ(Y)·g(W)E is orthonormal to 1e-13:

@@ -9,7 +9,7 @@ from .base import Manifold
 from .euclidean import Euclidean
 from .grassmann import Grassmann
 from .horizontal import GrassmannHorizontal, HorizontalElement, StiefelHorizontal, SymplecticStiefelHorizontal
-from .sections import DenseSection, HouseholderSection, SymplecticSection
+from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SymplecticSection
 from .stiefel import Stiefel
 from .symplectic_stiefel import SymplecticStiefel
 
@@ -20,6 +20,7 @@ __all__ = [
     "GrassmannHorizontal",
     "HorizontalElement",
     "HouseholderSection",
+    "PackedHouseholderSection",
     "Manifold",
     "Stiefel",
     "StiefelHorizontal",

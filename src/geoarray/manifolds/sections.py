@@ -33,6 +33,7 @@ g^hor coordinates of a cache do, which is why the strategy is a visible choice.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from .. import _backend, linalg
@@ -40,7 +41,13 @@ from .._backend import array_namespace
 from .._backend import device as _device
 from ._symplectic import _rows, _sp_inv, _stack_rows
 
-__all__ = ["DenseSection", "HouseholderSection", "SymplecticSection"]
+__all__ = [
+    "DenseSection",
+    "HouseholderSection",
+    "PackedHouseholderSection",
+    "SymplecticSection",
+    "householder_section",
+]
 
 Array = Any
 
@@ -101,6 +108,77 @@ class HouseholderSection(NamedTuple):
         correction = V @ (T @ (xp.matrix_transpose(V[..., n:, :]) @ X))
         zeros = xp.zeros((*X.shape[:-2], n, X.shape[-1]), dtype=X.dtype, device=_device(X))
         return xp.concat([zeros, X], axis=-2) - correction
+
+
+class PackedHouseholderSection(NamedTuple):
+    """The section of :class:`HouseholderSection`, λ(Y) = Q·diag(S, I), with Q kept as LAPACK's packed
+    reflectors (``a``, ``tau``) of geqrf and applied by ormqr: one library call per application and no
+    T factor to build. torch only; chosen by :func:`householder_section` for batches of small frames,
+    where it is the faster form (336 × St(49, 7), one thread: an application 0.41 ms instead of 0.71 ms,
+    and the 0.5 ms of building T saved). Equal to :class:`HouseholderSection` to rounding (tested).
+    """
+
+    Y: Array
+    a: Array  # (..., N, n): R on and above the diagonal, the reflectors below it (LAPACK's geqrf)
+    tau: Array  # (..., n)
+    signs: Array  # S = sign(diag R), (..., n)
+
+    @classmethod
+    def of(cls, Y: Array) -> PackedHouseholderSection:
+        import torch
+
+        a, tau = torch.geqrf(Y)
+        d = torch.diagonal(a, dim1=-2, dim2=-1)
+        return cls(Y, a, tau, torch.where(d < 0, -torch.ones_like(d), torch.ones_like(d)))
+
+    def _q(self, X: Array, transpose: bool) -> Array:
+        import torch
+
+        batch = X.shape[:-2]
+        a, tau = self.a, self.tau
+        if a.shape[:-2] != batch:  # ormqr does not broadcast batch dimensions
+            a = a.expand(*batch, *a.shape[-2:])
+            tau = tau.expand(*batch, tau.shape[-1])
+        return torch.ormqr(a, tau, X, left=True, transpose=transpose)
+
+    def coords(self, D: Array) -> Array:
+        """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot]."""
+        return _scale_top_rows(self._q(D, True), self.signs, self.Y.shape[-1])
+
+    def apply(self, X: Array) -> Array:
+        """λX = Q [S·X_top; X_bot]."""
+        return self._q(_scale_top_rows(X, self.signs, self.Y.shape[-1]), False)
+
+    def perp_t(self, D: Array) -> Array:
+        """Q⊥ᵀD: the last N − n rows of QᵀD."""
+        return self._q(D, True)[..., self.Y.shape[-1] :, :]
+
+    def perp(self, X: Array) -> Array:
+        """Q⊥X = Q [0; X]."""
+        import torch
+
+        zeros = X.new_zeros((*X.shape[:-2], self.Y.shape[-1], X.shape[-1]))
+        return self._q(torch.cat([zeros, X], dim=-2), False)
+
+
+def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection:
+    """The Householder section of Y in the cheaper form for this backend and shape.
+
+    torch, eager, a batch of ≥ 16 frames with n ≤ 32: packed reflectors applied by ormqr (one call per
+    application); elsewhere the compact-WY form, whose products are faster for single large frames
+    (one 1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products) and which traces under
+    torch.compile and jax.jit.
+    """
+    xp = array_namespace(Y)
+    if (
+        _backend.is_torch(xp)
+        and not _backend.is_compiling()
+        and Y.ndim >= 3
+        and math.prod(Y.shape[:-2]) >= 16
+        and Y.shape[-1] <= 32
+    ):
+        return PackedHouseholderSection.of(Y)
+    return HouseholderSection.of(Y)
 
 
 def _scale_top_rows(X: Array, signs: Array, n: int) -> Array:

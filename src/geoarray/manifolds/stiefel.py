@@ -34,7 +34,7 @@ from .._backend import device as _device
 from .base import _RETRACTIONS, _SECTIONS, Manifold, _check_choice, _check_size
 from .horizontal import StiefelHorizontal
 from .retraction import retract_e, retraction_kernel
-from .sections import DenseSection, HouseholderSection
+from .sections import DenseSection, HouseholderSection, householder_section
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
@@ -166,7 +166,7 @@ class OrthonormalFrames(Manifold):
             Qperp = Qperp - Y @ (xp.matrix_transpose(Y) @ Qperp)
             Qperp, _ = xp.linalg.qr(Qperp)
             return DenseSection(Y, Qperp)
-        lam = HouseholderSection.of(Y)  # "householder" and "rotated" (which re-expresses caches between steps)
+        lam = householder_section(Y)  # "householder" and "rotated" (which re-expresses caches between steps)
         if strategy == "transported":
             return DenseSection.from_householder(lam)
         return lam
