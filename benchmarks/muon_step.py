@@ -59,7 +59,7 @@ def main() -> None:
     import torch
 
     from geoarray.manifolds import Stiefel
-    from geoarray.optim.muon import manifold_muon_step
+    from geoarray.optim import ManifoldMuon
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -72,14 +72,13 @@ def main() -> None:
         Y0 = torch.linalg.qr(torch.randn(*batch, N, n))[0]
         G = torch.randn(*batch, N, n) * 0.01
 
-        man = Stiefel(N, n)
-        st = {"Y": Y0.clone(), "buf": torch.zeros_like(Y0), "P": None}
+        # the optimizer users run: EMA momentum 0.95 (Nesterov), warm-started dual, polar retraction
+        opt = ManifoldMuon(lr=0.01, dual_iterations=args.n_iter)
+        st = {"params": {"W": Y0.clone()}}
+        st["state"] = opt.init(st["params"], {"W": Stiefel(N, n)})
 
-        def mm_step(st=st, man=man, G=G):
-            buf = st["buf"] + 0.05 * (G - st["buf"])
-            U = G + 0.95 * (buf - G)
-            st["Y"], _, st["P"] = manifold_muon_step(man, st["Y"], U, st["P"], lr=0.01, n_iter=args.n_iter)
-            st["buf"] = buf
+        def mm_step(st=st, opt=opt, G=G):
+            st["params"], st["state"] = opt.update(st["params"], {"W": G}, st["state"])
 
         mats = list(Y0.reshape(-1, N, n)) if batch else [Y0]
         grads = list(G.reshape(-1, N, n)) if batch else [G]

@@ -302,7 +302,11 @@ def manifold_muon_step(
         A = manifold.spectral_direction(Y, G)
         P_new = P
     elif isinstance(manifold, Stiefel):
-        A, P_new = manifold.spectral_direction(Y, G, P0=P, n_iter=n_iter)
+        from ..manifolds.spectral import stiefel_spectral_step
+
+        manifold._check_point(Y)
+        # the polar retraction in the compressed coordinates (same result, fewer N×n products)
+        return stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=n_iter, return_direction=True)
     else:
         raise TypeError(f"manifold must be a Stiefel or Grassmann manifold, got {type(manifold).__name__}")
     Y_new = linalg.polar(Y - lr * A, method="eigh")
