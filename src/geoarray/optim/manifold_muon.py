@@ -180,8 +180,11 @@ class ManifoldMuon(_MatrixGrouping):
                 buffers.append(buf)  # Muon keeps its own buffer
                 duals.append(P)
                 continue
-            buf = buf + (1.0 - mu) * (G - buf)
-            U = G + mu * (buf - G) if self.nesterov else buf
+            # B ← B + (1 − μ)(G − B) and U = G + μ(B − G) = G − μ²(G − B_old): d = G − B_old is shared,
+            # five N×n passes instead of six
+            d = G - buf
+            buf = buf + (1.0 - mu) * d
+            U = G - (mu * mu) * d if self.nesterov else buf
             if isinstance(M, Stiefel) and self.retraction_name == "polar":
                 # direction and polar retraction in the compressed n×n coordinates: equal to
                 # polar(Y − lr·A*) (tests/test_manifold_muon.py), six O(N·n²) products instead of seven
