@@ -7,24 +7,35 @@ fixed random gradient each step; the time of one full step (momentum, direction,
 update) is measured ``--steps`` times after 3 warm-up steps, the three optimizers interleaved
 step by step (so that load from other processes affects them alike), and the median is reported.
 
-* manifold Muon: EMA momentum 0.95 with torch's Nesterov form, then
-  ``geoarray.optim.muon.manifold_muon_step`` on Stiefel(N, n) (dual warm-started from the previous
-  step, ``--n-iter`` dual iterations, polar retraction); the ViT set is one batched (336, 49, 7) leaf;
+* manifold Muon: ``geoarray.optim.ManifoldMuon(lr=0.01).update`` on one Stiefel(N, n) leaf (EMA
+  momentum 0.95 with torch's Nesterov form, dual warm-started from the previous step, ``--n-iter``
+  dual iterations, polar retraction in the compressed n×n coordinates); the ViT set is one batched
+  (336, 49, 7) leaf;
 * torch.optim.Muon: one parameter per matrix (it accepts 2-D parameters only), bfloat16 Newton–Schulz;
 * torch.optim.Adam: the same parameters, default settings (foreach implementation).
 
-Measured (torch 2.13 CPU, 2 threads, shared 2-core machine, default ``--n-iter 2``):
+Measured (torch 2.13 CPU, default ``--n-iter 2``, ``--steps 40``, on a 2-core machine shared with
+other jobs: load average 3–8 during the runs, so single runs vary by up to 2×; ``--threads 1`` is
+the steadier setting there). Before → after the compressed retraction (same script, the two code
+versions run back to back), ``--threads 1``:
 
-==============  =============  ==========  ==========  ======  ======
-weights         manifold Muon  torch Muon  torch Adam  ÷ Muon  ÷ Adam
-==============  =============  ==========  ==========  ======  ======
-1024×64         2.51 ms        1.03 ms     0.25 ms     2.43    10.2
-4096×128        14.75 ms       5.70 ms     1.72 ms     2.59    8.6
-ViT 336×49×7    8.40 ms        29.21 ms    8.44 ms     0.29    0.99
-==============  =============  ==========  ==========  ======  ======
+==============  =============  ==========  ==========  =============  ======
+weights         manifold Muon  torch Muon  torch Adam  ÷ Muon         ÷ Adam
+==============  =============  ==========  ==========  =============  ======
+1024×64         2.62 ms        1.06 ms     0.28 ms     2.69 → 2.48    9.5
+4096×128        18.60 ms       8.68 ms     2.32 ms     2.73 → 2.14    8.0
+ViT 336×49×7    12.05 ms       28.64 ms    7.90 ms     0.38 → 0.42    1.5
+==============  =============  ==========  ==========  =============  ======
 
-The single-weight cost is seven O(N·n²) float32 products (YᵀG, G⊥, G⊥ᵀG⊥, A, the retraction's
-Gram and product) and five n×n eigendecompositions, against torch's ten bfloat16 products.
+``--threads 2`` in the same session gave ÷ Muon 2.0–3.8 (1024×64), 2.0–3.1 (4096×128) and
+0.19–0.27 (ViT) over four runs. The earlier measurement on a quieter machine (2 threads, the old
+code) was 2.43 / 2.59 / 0.29.
+
+Where the time goes (torch profiler, 1024×64, one thread, per step): 28 matmuls 0.96 ms (the six
+O(N·n²) ones — YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new — against seven before), five n×n
+``eigh`` 0.78 ms (three for the dual at n_iter = 2, ‖A‖₂, the retraction's Gram), about 60
+elementwise and small ops 0.7 ms; torch.optim.Muon runs ten bfloat16 products. Fewer ``eigh``
+would need an inexact ‖A‖₂ or dual, which changes the optimizer's steps (the README's table).
 """
 
 from __future__ import annotations
@@ -59,7 +70,7 @@ def main() -> None:
     import torch
 
     from geoarray.manifolds import Stiefel
-    from geoarray.optim.muon import manifold_muon_step
+    from geoarray.optim import ManifoldMuon
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -72,14 +83,13 @@ def main() -> None:
         Y0 = torch.linalg.qr(torch.randn(*batch, N, n))[0]
         G = torch.randn(*batch, N, n) * 0.01
 
-        man = Stiefel(N, n)
-        st = {"Y": Y0.clone(), "buf": torch.zeros_like(Y0), "P": None}
+        # the optimizer users run: EMA momentum 0.95 (Nesterov), warm-started dual, polar retraction
+        opt = ManifoldMuon(lr=0.01, dual_iterations=args.n_iter)
+        st = {"params": {"W": Y0.clone()}}
+        st["state"] = opt.init(st["params"], {"W": Stiefel(N, n)})
 
-        def mm_step(st=st, man=man, G=G):
-            buf = st["buf"] + 0.05 * (G - st["buf"])
-            U = G + 0.95 * (buf - G)
-            st["Y"], _, st["P"] = manifold_muon_step(man, st["Y"], U, st["P"], lr=0.01, n_iter=args.n_iter)
-            st["buf"] = buf
+        def mm_step(st=st, opt=opt, G=G):
+            st["params"], st["state"] = opt.update(st["params"], {"W": G}, st["state"])
 
         mats = list(Y0.reshape(-1, N, n)) if batch else [Y0]
         grads = list(G.reshape(-1, N, n)) if batch else [G]

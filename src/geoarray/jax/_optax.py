@@ -33,8 +33,19 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..optim import BFGS, Adam, AdamWithDecay, Gradient, Momentum, RiemannianOptimizer, riemannian
-from ._trees import align_manifolds, check_like, flatten, signature, unflatten
+from ..optim import (
+    BFGS,
+    Adam,
+    AdamWithDecay,
+    Gradient,
+    ManifoldMuon,
+    Momentum,
+    Muon,
+    PartitionedOptimizer,
+    RiemannianOptimizer,
+    riemannian,
+)
+from ._trees import align_labels, align_manifolds, check_like, flatten, signature, unflatten
 
 __all__ = ["RiemannianOptaxState", "apply_updates", "optax_transform"]
 
@@ -45,7 +56,11 @@ _METHODS = {
     "adam": Adam,
     "adam_with_decay": AdamWithDecay,
     "bfgs": BFGS,
+    "muon": Muon,
+    "manifold_muon": ManifoldMuon,
 }
+
+GEOARRAY_OPTIMIZERS = (RiemannianOptimizer, PartitionedOptimizer)
 
 
 class RiemannianOptaxState(NamedTuple):
@@ -67,20 +82,33 @@ def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer:
         if cls is None:
             raise ValueError(f"method must be one of {sorted(_METHODS)}, an optimizer or a transform, got {method!r}")
         return cls(**kwargs)
-    if isinstance(method, RiemannianOptimizer):
+    if isinstance(method, GEOARRAY_OPTIMIZERS):
         if kwargs:
             raise TypeError(
                 f"options {sorted(kwargs)} go to the optimizer's constructor, not with an optimizer instance"
             )
         # a copy: init binds the layout of a parameter tree to the optimizer object, and the
         # caller's object may be bound to other parameters
-        return copy.copy(method)
+        return copy.copy(method)  # a partition is re-bound to the parameters by bind_to_params
     if callable(getattr(method, "init", None)) and callable(getattr(method, "update", None)):
         return riemannian(method, **kwargs)
     raise TypeError(
         "method_or_transform must be a method name, a geoarray optimizer or a gradient transformation "
         f"(init, update), got {type(method).__name__}"
     )
+
+
+def bind_to_params(opt: Any, params: Any, flat: dict) -> Any:
+    """A private copy of the geoarray optimizer ``opt`` for the path-keyed dict ``flat`` of ``params``.
+
+    The adapters hand optimizers ``{path: leaf}`` instead of the user's tree, so a
+    :func:`~geoarray.optim.partition`'s labels (a tree like ``params``) are re-keyed by path, and
+    its members are copied too (``init`` binds a layout to each member object).
+    """
+    if isinstance(opt, PartitionedOptimizer):
+        members = {key: copy.copy(m) for key, m in opt.optimizers.items()}
+        return PartitionedOptimizer(members, align_labels(opt.labels, params, flat))
+    return copy.copy(opt)
 
 
 def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options: Any) -> Any:
@@ -98,10 +126,13 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
         (:func:`~geoarray.jax.manifolds_like` builds one), or a callable ``params -> tree``
         evaluated at ``init`` (handy when optax sees a transformed tree, e.g. ``nnx.Optimizer``).
     method_or_transform
-        ``"gradient"``, ``"momentum"``, ``"adam"``, ``"adam_with_decay"`` or ``"bfgs"`` (the geoarray
-        class of that name, built with ``**options``, e.g. ``lr=``, ``section=``); a geoarray optimizer
-        instance (copied); or a vector-space gradient transformation — geoarray's
-        (``geoarray.optim.chain(...)``) or optax's (``optax.adam(1e-3)``) — run on the lifted
+        ``"gradient"``, ``"momentum"``, ``"adam"``, ``"adam_with_decay"``, ``"bfgs"``, ``"muon"`` or
+        ``"manifold_muon"`` (the geoarray class of that name — :class:`~geoarray.optim.Muon`,
+        :class:`~geoarray.optim.ManifoldMuon` for the last two — built with ``**options``, e.g.
+        ``lr=``, ``section=``); a geoarray optimizer instance (copied), including
+        ``geoarray.optim.partition({...}, labels)`` with ``labels`` a tree like the parameters; or a
+        vector-space gradient transformation — geoarray's (``geoarray.optim.chain(...)``) or optax's
+        (``optax.adam(1e-3)``) — run on the lifted
         gradients in g^hor by :func:`geoarray.optim.riemannian` with ``**options``.
 
     Limits
@@ -142,9 +173,9 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
     # two pure functions: one transformation may serve several trees, init may be traced (jax.jit,
     # jax.eval_shape) or never called (a restored state). So every layout gets its own bound copy,
     # looked up by the parameters themselves in update; nothing depends on which init ran last.
-    bound: dict[tuple, RiemannianOptimizer] = {}
+    bound: dict[tuple, Any] = {}
 
-    def bound_for(params: Any, flat: dict) -> tuple[RiemannianOptimizer | None, tuple, dict]:
+    def bound_for(params: Any, flat: dict) -> tuple[Any, tuple, dict]:
         mans = align_manifolds(manifolds, params, flat)
         key = tuple((k, tuple(v.shape), str(v.dtype), mans[k]) for k, v in flat.items())
         return bound.get(key), key, mans
@@ -152,7 +183,7 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
     def init(params: Any) -> RiemannianOptaxState:
         flat, _, _ = flatten(params, "params")
         opt, key, mans = bound_for(params, flat)
-        opt = copy.copy(proto) if opt is None else opt
+        opt = bind_to_params(proto, params, flat) if opt is None else opt
         inner = opt.init(flat, mans)  # validates the parameters (eagerly: also that points are on their manifold)
         bound[key] = opt
         return RiemannianOptaxState(inner, {k: jnp.zeros_like(v) for k, v in flat.items()})
@@ -173,7 +204,7 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
             raise ValueError(f"grads must have the leaves of params: missing {missing[:5]}, unexpected {extra[:5]}")
         opt, key, mans = bound_for(params, flat_p)
         if opt is None:  # a state from another transformation object, a checkpoint or a traced init
-            opt = copy.copy(proto)
+            opt = bind_to_params(proto, params, flat_p)
             # record the layout only (traced: no computation, and no check that trained weights,
             # which drift off their manifold by rounding, are points: this is no initialisation)
             jax.eval_shape(lambda f: opt.init(f, mans), flat_p)

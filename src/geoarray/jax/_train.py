@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from ..optim import RiemannianOptimizer
-from ._optax import apply_updates
+from ._optax import GEOARRAY_OPTIMIZERS, apply_updates, bind_to_params
 from ._trees import align_manifolds, check_like, flatten, signature, unflatten
 
 __all__ = ["make_train_step"]
@@ -46,8 +44,9 @@ def make_train_step(
         ``loss_fn(params, batch) -> scalar`` (``(scalar, aux)`` with ``has_aux=True``; the step then
         returns ``(params, state, (loss, aux))``).
     optimizer
-        A geoarray optimizer (``geoarray.optim.Adam(lr=...)``, any :class:`RiemannianOptimizer`),
-        constrained by ``manifolds``; or an optax transformation (e.g. from
+        A geoarray optimizer (``geoarray.optim.Adam(lr=...)``, ``ManifoldMuon``, ``Muon``, any
+        :class:`RiemannianOptimizer`, or ``geoarray.optim.partition({...}, labels)`` with ``labels`` a
+        tree like ``params``), constrained by ``manifolds``; or an optax transformation (e.g. from
         :func:`~geoarray.jax.optax_transform`, alone or in ``optax.chain``), initialised with
         ``optimizer.init(params)`` and applied with :func:`~geoarray.jax.apply_updates` (exact on
         geoarray's points); ``manifolds`` must then be None.
@@ -79,9 +78,9 @@ def make_train_step(
         buffers are reused, and the arrays passed in must not be used afterwards.
     """
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=has_aux)
-    if isinstance(optimizer, RiemannianOptimizer):
-        opt = copy.copy(optimizer)
+    if isinstance(optimizer, GEOARRAY_OPTIMIZERS):
         flat, _, _ = flatten(params, "params")
+        opt = bind_to_params(optimizer, params, flat)
         mans = align_manifolds(manifolds, params, flat)
         state = _initial_state(lambda f: opt.init(f, mans), flat, state)
         built_for = signature(flat)

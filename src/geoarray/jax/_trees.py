@@ -124,6 +124,26 @@ def check_like(flat: Mapping[str, Any], expected: Mapping[str, tuple], name: str
             )
 
 
+def align_labels(labels: Any, params: Any, flat_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The label of every parameter path, for :func:`geoarray.optim.partition` run on the path-keyed dict.
+
+    ``labels`` is a tree like ``params`` holding the keys of the partition's optimizers (or a
+    callable ``params -> tree``, as optax's ``multi_transform`` accepts); it is re-keyed by path so
+    that the partition sees the same ``{path: leaf}`` dict as every geoarray optimizer here.
+    """
+    if _is_function(labels):
+        labels = labels(params)
+    pairs, _ = jax.tree_util.tree_flatten_with_path(labels)
+    found = {path_str(path): label for path, label in pairs}
+    missing = [p for p in flat_params if p not in found]
+    if missing:
+        raise ValueError(
+            f"partition labels have no entry for the parameter(s) {missing[:5]}{' …' if len(missing) > 5 else ''}; "
+            "give labels the tree structure of params"
+        )
+    return {p: found[p] for p in flat_params}
+
+
 def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any]) -> dict[str, Manifold | None]:
     """The manifold of every parameter path (None: Euclidean), checked against the parameters.
 

@@ -38,7 +38,12 @@ from typing import Any
 from .. import _backend, linalg
 from .._backend import array_namespace, check_real_floating
 
-__all__ = ["grassmann_spectral_direction", "stiefel_spectral_direction", "stiefel_spectral_dual"]
+__all__ = [
+    "grassmann_spectral_direction",
+    "stiefel_spectral_direction",
+    "stiefel_spectral_dual",
+    "stiefel_spectral_step",
+]
 
 Array = Any
 
@@ -72,23 +77,27 @@ def _compress(Y: Array, G: Array, xp: Any) -> tuple[Array, Array, Array]:
     return K, Gp, (C + xp.matrix_transpose(C)) / 2
 
 
+def _inv_sqrt_psd(gram: Array, xp: Any) -> tuple[Array, Array]:
+    # H = gram^{-1/2} on the range (zero on the numerical null space: eigenvalues ≤ k·ε·λ_max, the
+    # cut-off of linalg.msign), and the singular values √λ (ascending).
+    k = gram.shape[-1]
+    lam, V = xp.linalg.eigh((gram + xp.matrix_transpose(gram)) / 2)
+    lam = xp.clip(lam, min=0.0)
+    tiny = k * xp.finfo(gram.dtype).eps * xp.max(lam, axis=-1, keepdims=True)
+    keep = lam > tiny
+    inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
+    return (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V), xp.sqrt(lam)
+
+
 def _inv_sqrt_gram(S: Array, C: Array, xp: Any) -> tuple[Array, Array, Array]:
     # For M = [S; R] with RᵀR = C: H = (MᵀM)^{-1/2} on the range (zero on the numerical null space),
     # so msign(M) = [S H; R H]; also σ_min(M) and ‖M‖_* from the same eigh.
-    k = S.shape[-1]
-    gram = xp.matrix_transpose(S) @ S + C
-    lam, V = xp.linalg.eigh((gram + xp.matrix_transpose(gram)) / 2)
-    lam = xp.clip(lam, min=0.0)
-    tiny = k * xp.finfo(S.dtype).eps * xp.max(lam, axis=-1, keepdims=True)
-    keep = lam > tiny
-    inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
-    H = (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V)
-    sig = xp.sqrt(lam)
+    H, sig = _inv_sqrt_psd(xp.matrix_transpose(S) @ S + C, xp)
     return H, sig[..., 0], xp.sum(sig, axis=-1)
 
 
-def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> tuple[Array, Array]:
-    K, Gp, C = _compress(Y, G, xp)
+def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> Array:
+    # n_iter steps of P ← P − step·σ_min([K + P; R])·sym(W₁(P)) (the gradient step on the compressed dual)
     P = xp.broadcast_to(P, K.shape)
 
     def body(_, P):
@@ -98,7 +107,16 @@ def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: 
         grad = (W1 + xp.matrix_transpose(W1)) / 2
         return P - (step * smin)[..., None, None] * grad
 
-    P = _backend.fori_loop(body, P, xp.asarray(n_iter), n_iter, xp)
+    if _backend.is_jax(xp):
+        # one compiled loop body instead of n_iter inlined copies
+        return _backend.fori_loop(body, P, xp.asarray(n_iter), n_iter, xp)
+    for k in range(n_iter):  # a Python int: no host read of an array
+        P = body(k, P)
+    return P
+
+
+def _direction_blocks(K: Array, C: Array, P: Array, xp: Any) -> tuple[Array, Array]:
+    # A = [Y Q]·[W₁; R H]·s = Y·(s W₁) + G⊥·(s H): the n×n factors (s W₁, s H) of the direction at P.
     S = K + P
     H, _, _ = _inv_sqrt_gram(S, C, xp)
     W1 = S @ H
@@ -110,9 +128,47 @@ def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: 
     WtW = xp.matrix_transpose(W1) @ W1 + H @ C @ H
     norm2 = xp.sqrt(xp.max(xp.linalg.eigvalsh((WtW + xp.matrix_transpose(WtW)) / 2), axis=-1))
     scale = (1 / xp.maximum(norm2, xp.ones_like(norm2)))[..., None, None]
+    return W1 * scale, H * scale
+
+
+def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> tuple[Array, Array]:
+    K, Gp, C = _compress(Y, G, xp)
+    P = _dual_descent(K, C, P, xp=xp, n_iter=n_iter, step=step)
+    W1, H = _direction_blocks(K, C, P, xp)
     # [Y Q]·[W₁; R H] = Y W₁ + G⊥ H: Q is never needed
-    A = Y @ (W1 * scale) + Gp @ (H * scale)
-    return A, P
+    return Y @ W1 + Gp @ H, P
+
+
+def _stiefel_step(
+    Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float, lr: float, direction: bool
+) -> tuple[Array, ...]:
+    # Same K, G⊥, C and P as _stiefel_solve; then X = Y − lr·A = Y B₁ + G⊥ B₂ with the n×n blocks
+    # B₁ = I − lr·W₁, B₂ = −lr·H, and polar(X) = X (XᵀX)^{-1/2} = Y (B₁ Z) + G⊥ (B₂ Z) with
+    # Z = (XᵀX)^{-1/2}. The Gram matrix is assembled from n×n pieces,
+    #     XᵀX = B₁ᵀ E B₁ + B₁ᵀ F B₂ + (B₁ᵀ F B₂)ᵀ + B₂ᵀ C B₂,   E = YᵀY,  F = YᵀG⊥ = YᵀG − E·YᵀG,
+    # exactly (E and F are not assumed to be I and 0), so a drift of Y off the manifold is removed at
+    # every step as by the N×n polar: four O(N·n²) products (YᵀG, G⊥, G⊥ᵀG⊥, YᵀY) and the final two,
+    # against seven for direction + polar(Y − lr·A) on N×n.
+    YtG = xp.matrix_transpose(Y) @ G
+    K = (YtG - xp.matrix_transpose(YtG)) / 2
+    Gp = G - Y @ YtG
+    C = xp.matrix_transpose(Gp) @ Gp
+    C = (C + xp.matrix_transpose(C)) / 2
+    E = xp.matrix_transpose(Y) @ Y
+    F = YtG - E @ YtG
+    P = _dual_descent(K, C, P, xp=xp, n_iter=n_iter, step=step)
+    W1, H = _direction_blocks(K, C, P, xp)
+    n = Y.shape[-1]
+    B1 = linalg.eye(n, Y) - lr * W1
+    B2 = -lr * H
+    B1t = xp.matrix_transpose(B1)
+    cross = B1t @ F @ B2
+    gram = B1t @ E @ B1 + cross + xp.matrix_transpose(cross) + xp.matrix_transpose(B2) @ C @ B2
+    Z, _ = _inv_sqrt_psd(gram, xp)
+    Y_new = Y @ (B1 @ Z) + Gp @ (B2 @ Z)
+    if direction:
+        return Y_new, Y @ W1 + Gp @ H, P
+    return Y_new, P
 
 
 def stiefel_spectral_direction(
@@ -159,6 +215,46 @@ def stiefel_spectral_direction(
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
     return _backend.compiled(_stiefel_solve, xp, "xp", "n_iter", "step")(
         Y, G, P, xp=xp, n_iter=n_iter, step=float(step)
+    )
+
+
+def stiefel_spectral_step(
+    Y: Array,
+    G: Array,
+    *,
+    lr: float,
+    P0: Array | None = None,
+    n_iter: int = 100,
+    step: float = 1.0,
+    return_direction: bool = False,
+) -> tuple[Array, ...]:
+    """Manifold Muon's step on the Stiefel manifold, Y_new = polar(Y − lr·A*), and the dual variable P.
+
+    A* and P are exactly those of :func:`stiefel_spectral_direction` (same ``P0``, ``n_iter``,
+    ``step``); the retraction is computed in the compressed coordinates: with
+    A = Y·W₁ + G⊥·H (n×n blocks, G⊥ = G − YYᵀG),
+
+        Y − lr·A = Y B₁ + G⊥ B₂,  B₁ = I − lr·W₁,  B₂ = −lr·H,
+        polar(Y − lr·A) = Y (B₁ Z) + G⊥ (B₂ Z),   Z = (B₁ᵀEB₁ + B₁ᵀFB₂ + B₂ᵀFᵀB₁ + B₂ᵀCB₂)^{-1/2},
+
+    E = YᵀY, F = YᵀG⊥, C = G⊥ᵀG⊥ — the polar factor X(XᵀX)^{-1/2} with XᵀX assembled from n×n
+    pieces, the same formula as ``linalg.polar(Y − lr·A, method="eigh")`` (tested equal to 1e-12),
+    including the removal of any drift of YᵀY from I. Cost: six O(N·n²) products (YᵀG, YYᵀG, G⊥ᵀG⊥,
+    YᵀY and the two of Y_new) instead of seven, A itself (two more) only if ``return_direction``.
+
+    Returns (Y_new, P), or (Y_new, A*, P) with ``return_direction=True``.
+    """
+    xp = _check(Y, G, P0)
+    if not isinstance(n_iter, int) or n_iter < 0:
+        raise ValueError(f"n_iter must be a non-negative int, got {n_iter!r}")
+    if not 0 < step < 2:
+        raise ValueError(f"step must be in (0, 2), got {step!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+        raise ValueError(f"lr must be a non-negative number, got {lr!r}")
+    n = Y.shape[-1]
+    P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
+    return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "lr", "direction")(
+        Y, G, P, xp=xp, n_iter=n_iter, step=float(step), lr=float(lr), direction=bool(return_direction)
     )
 
 

@@ -28,6 +28,7 @@ from .. import _backend, linalg
 from .._backend import array_namespace
 from ..manifolds.euclidean import Euclidean
 from ..manifolds.grassmann import Grassmann
+from ..manifolds.spectral import stiefel_spectral_step
 from ..manifolds.stiefel import Stiefel
 from .muon import NS_COEFFICIENTS, muon
 from .riemannian import Group, Layout, NoSection, RiemannianOptimizer, _path
@@ -179,8 +180,19 @@ class ManifoldMuon(_MatrixGrouping):
                 buffers.append(buf)  # Muon keeps its own buffer
                 duals.append(P)
                 continue
-            buf = buf + (1.0 - mu) * (G - buf)
-            U = G + mu * (buf - G) if self.nesterov else buf
+            # B ← B + (1 − μ)(G − B) and U = G + μ(B − G) = G − μ²(G − B_old): d = G − B_old is shared,
+            # five N×n passes instead of six
+            d = G - buf
+            buf = buf + (1.0 - mu) * d
+            U = G - (mu * mu) * d if self.nesterov else buf
+            if isinstance(M, Stiefel) and self.retraction_name == "polar":
+                # direction and polar retraction in the compressed n×n coordinates: equal to
+                # polar(Y − lr·A*) (tests/test_manifold_muon.py), six O(N·n²) products instead of seven
+                Y_new, P = stiefel_spectral_step(Y, U, lr=self.lr, P0=P, n_iter=self.dual_iterations)
+                self._unpack(group, Y_new, layout.shapes, xp, new_leaves)
+                buffers.append(buf)
+                duals.append(P)
+                continue
             if isinstance(M, Stiefel):
                 A, P = M.spectral_direction(Y, U, P0=P, n_iter=self.dual_iterations)
             else:
