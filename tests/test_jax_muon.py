@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _jax_common import require_jax
 
 import geoarray as ga
+from _jax_common import require_jax
 
 
 @pytest.fixture(autouse=True)
