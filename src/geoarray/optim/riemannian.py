@@ -428,18 +428,22 @@ class RiemannianOptimizer:
             )
         return leaves, gleaves, xp
 
-    def _finite(self, gleaves: list, xp: Any) -> Array | None:
+    def _finite(self, gleaves: list, packed: list, xp: Any) -> Array | None:
+        """The flag "every gradient is finite" (None: no check). Checked on the packed groups, so a
+        tree of many leaves costs a few reductions (369 ViT leaves: 2), not one per leaf; ``"raise"``
+        checks per leaf to name the culprits (eager only)."""
         if self.on_nonfinite == "ignore":
             return None
-        flags = [xp.all(xp.isfinite(g)) for g in gleaves]
         if self.on_nonfinite == "raise":
+            flags = [xp.all(xp.isfinite(g)) for g in gleaves]
             bad = [p for f, p in zip(flags, self.layout.paths, strict=True) if not bool(f)]
             if bad:
                 raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
             return None
-        finite = flags[0]
-        for f in flags[1:]:
-            finite = xp.logical_and(finite, f)
+        finite = None
+        for G in packed:
+            flag = xp.all(xp.isfinite(G))
+            finite = flag if finite is None else xp.logical_and(finite, flag)
         return finite
 
     def update(self, params: Any, grads: Any, state: RiemannianState) -> tuple[Any, RiemannianState]:
@@ -450,17 +454,17 @@ class RiemannianOptimizer:
         """
         leaves, gleaves, xp = self._check_update_inputs(params, grads, state)
         layout = self.layout
-        finite = self._finite(gleaves, xp)
+        packed_grads = [self._pack(group, gleaves, xp) for group in layout.groups]
+        finite = self._finite(gleaves, packed_grads, xp)
         if finite is not None:
             # zero the gradients of a skipped step so no NaN reaches LAPACK-backed kernels
-            gleaves = [xp.where(finite, g, xp.zeros_like(g)) for g in gleaves]
+            packed_grads = [xp.where(finite, G, xp.zeros_like(G)) for G in packed_grads]
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
-        for g, group in enumerate(layout.groups):
+        for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
             M = group.manifold
             Y = self._pack(group, leaves, xp)
-            G = self._pack(group, gleaves, xp)
             lam = self._section(group, Y, g, step, state.sections)
             points.append(Y)
             lams.append(lam)
@@ -476,7 +480,8 @@ class RiemannianOptimizer:
         velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         new_leaves: list = [None] * len(leaves)
         new_sections = []
-        for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
+        keep = lambda new, old: xp.where(finite, new, old)  # noqa: E731
+        for group, lam, W, Y in zip(layout.groups, lams, velocity, points, strict=True):
             M = group.manifold
             if group.section == "transported":
                 lam_new = M.transport_section(lam, W, self.retraction)
@@ -484,12 +489,14 @@ class RiemannianOptimizer:
             else:
                 lam_new = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
                 Y_new = M.apply_section(lam, M.retraction(W, self.retraction))
+            if finite is not None:
+                # per group, before unpacking (and before a half-precision group is cast back): the old
+                # leaves come back unchanged, bit for bit
+                Y_new = keep(Y_new, Y)
             self._unpack(group, Y_new, layout.shapes, xp, new_leaves)
             new_sections.append(lam_new)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections))
         if finite is not None:
-            keep = lambda new, old: xp.where(finite, new, old)  # noqa: E731
-            new_leaves = [keep(n, o) for n, o in zip(new_leaves, leaves, strict=True)]
             new_state = RiemannianState(
                 keep(step, state.step),
                 _backend.as_array(state.skipped + xp.astype(xp.logical_not(finite), state.skipped.dtype)),
