@@ -39,6 +39,7 @@ Drift after 1000 float32 steps on the ViT set: geoarray 5.4e-6, geoopt 3.5e-5. J
 vit-leaves 238 s (default threads, under load).
 
     python benchmarks/optimizer_step.py [--backends torch jax numpy] [--steps 30] [--json out.json]
+        [--torch-compile [MODE]]   # also torch.compile(opt.update) with inductor
 """
 
 from __future__ import annotations
@@ -118,13 +119,19 @@ def _geoopt():
 GEOOPT_MISSING = "geoopt not installed: pip install geoopt to compare"
 
 
-def bench_torch(name, steps):
+def bench_torch(name, steps, compile_mode=None):
     import torch
 
     xp = geoarray.as_namespace(torch)
     params, manifolds = weights(name, xp, torch.float32)
     grads = gradients(params, xp, torch.float32)
     ga_step, _ = geoarray_step(params, manifolds, grads)
+    compiled = None
+    if compile_mode is not None:
+        # torch.compile(opt.update) with inductor: the first call (compilation) is reported apart
+        compiled, compile_s = geoarray_step(
+            params, manifolds, grads, lambda f: torch.compile(f, fullgraph=True, mode=compile_mode)
+        )
     leaves = [p.detach().clone().requires_grad_(True) for p in optree.tree_leaves(params)]
     for leaf, g in zip(leaves, optree.tree_leaves(grads), strict=True):
         leaf.grad = g.clone()
@@ -152,6 +159,13 @@ def bench_torch(name, steps):
         med["geoopt"] = interleaved_medians({"geoopt": geoopt_step, "adam": adam.step}, steps)["geoopt"]
     t_ga, t_ref = med["geoarray"], med["adam"]
     row = {"set": name, "backend": "torch", "geoarray_ms": t_ga * 1e3, "adam_ms": t_ref * 1e3, "ratio": t_ga / t_ref}
+    if compiled is not None:
+        cmed = interleaved_medians({"compiled": compiled, "adam": adam.step}, steps)
+        row.update(
+            compiled_ms=cmed["compiled"] * 1e3,
+            compiled_ratio=cmed["compiled"] / cmed["adam"],
+            compiled_compile_s=compile_s,
+        )
     if geoopt is None:
         row["geoopt"] = GEOOPT_MISSING
     else:
@@ -261,6 +275,14 @@ def main(argv=None) -> list:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--drift-steps", type=int, default=1000)
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--torch-compile",
+        nargs="?",
+        const="default",
+        default=None,
+        metavar="MODE",
+        help="also time torch.compile(opt.update, fullgraph=True, mode=MODE) with inductor (minutes of compilation)",
+    )
     args = parser.parse_args(argv)
     rows = []
     for backend in args.backends:
@@ -274,11 +296,16 @@ def main(argv=None) -> list:
             print(GEOOPT_MISSING)
         print(f"{'weights':<12} {'plain Adam':>11} {'geoarray':>11} {'ratio':>7}  notes")
         for name in args.sets:
-            row = bench(name, args.steps)
+            row = bench(name, args.steps, args.torch_compile) if backend == "torch" else bench(name, args.steps)
             rows.append(row)
             notes = []
             if "compile_s" in row:
                 notes.append(f"first call (compile) {row['compile_s']:.1f} s")
+            if "compiled_ms" in row:
+                notes.append(
+                    f"torch.compile {row['compiled_ms']:.2f} ms = {row['compiled_ratio']:.1f}× Adam "
+                    f"(compile {row['compiled_compile_s']:.0f} s)"
+                )
             if "geoopt_ms" in row:
                 notes.append(
                     f"geoopt RiemannianAdam {row['geoopt_ms']:.2f} ms = {row['geoopt_over_adam']:.1f}× Adam, "

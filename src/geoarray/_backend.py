@@ -472,7 +472,7 @@ def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Arr
 _TORCH_GEQRF_OP: Any = None
 
 
-def _torch_geqrf_op() -> Callable[..., Any]:
+def torch_geqrf_op() -> Callable[..., Any]:
     """``torch.geqrf`` as a custom operator with a fake (shape-only) kernel: torch 2.13's geqrf has
     none, so without this wrapper torch.compile cannot trace an optimizer step and falls back to eager.
     Registered on the first eager call (an optimizer's ``init`` makes one), never while tracing."""
@@ -503,7 +503,7 @@ def _geqrf_torch(A: Array) -> tuple[Array, Array, Array]:
             raise RuntimeError("call the optimizer's init (or any eager step) before compiling its update")
         a, tau = _TORCH_GEQRF_OP(A)
     else:
-        _torch_geqrf_op()  # register the traceable operator while eager
+        torch_geqrf_op()  # register the traceable operator while eager
         a, tau = torch.geqrf(A)
     return _split_geqrf(a, tau, _compat.array_namespace(a))
 

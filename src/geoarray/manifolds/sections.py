@@ -170,6 +170,8 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
     torch.compile and jax.jit.
     """
     xp = array_namespace(Y)
+    if _backend.is_torch(xp) and not _backend.is_compiling():
+        _backend.torch_geqrf_op()  # registered while eager, for a later torch.compile of the same step
     if (
         _backend.is_torch(xp)
         and not _backend.is_compiling()
