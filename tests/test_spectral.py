@@ -195,3 +195,21 @@ def test_grassmann_equals_general_solver_when_constraints_coincide(xp, device):
     As, _ = stiefel_spectral_direction(asarray(Y, xp, device), asarray(G, xp, device), n_iter=200)
     Ag = grassmann_spectral_direction(asarray(Y, xp, device), asarray(G, xp, device))
     assert_close(As, Ag, xp=xp, atol=1e-8)
+
+
+def test_spectral_step_compiles_once_for_a_learning_rate_schedule(backend, xp, device):
+    """``lr`` is an array argument of the jitted step, not a static one: a schedule (a new lr every step)
+    reuses one compilation (400 recompilations made a Brockett test take minutes and crash XLA once)."""
+    if backend.kind != "jax":
+        pytest.skip("jax.jit compilation caches exist on the jax backend only")
+    from geoarray import _backend
+    from geoarray.manifolds import spectral
+
+    rng = np.random.default_rng(0)
+    Y = asarray(np.linalg.qr(rng.standard_normal((8, 2)))[0], xp, device)
+    G = asarray(rng.standard_normal((8, 2)), xp, device)
+    P = None
+    for lr in (0.1, 0.05, 0.02):
+        Y, P = spectral.stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=2)
+    jitted = _backend._jax_jit(spectral._stiefel_step, ("xp", "n_iter", "step", "direction"))
+    assert jitted._cache_size() == 1

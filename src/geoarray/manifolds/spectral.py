@@ -140,7 +140,7 @@ def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: 
 
 
 def _stiefel_step(
-    Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float, lr: float, direction: bool
+    Y: Array, G: Array, P: Array, lr: Array, *, xp: Any, n_iter: int, step: float, direction: bool
 ) -> tuple[Array, ...]:
     # Same K, G⊥, C and P as _stiefel_solve; then X = Y − lr·A = Y B₁ + G⊥ B₂ with the n×n blocks
     # B₁ = I − lr·W₁, B₂ = −lr·H, and polar(X) = X (XᵀX)^{-1/2} = Y (B₁ Z) + G⊥ (B₂ Z) with
@@ -253,8 +253,10 @@ def stiefel_spectral_step(
         raise ValueError(f"lr must be a non-negative number, got {lr!r}")
     n = Y.shape[-1]
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
-    return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "lr", "direction")(
-        Y, G, P, xp=xp, n_iter=n_iter, step=float(step), lr=float(lr), direction=bool(return_direction)
+    # lr is an array argument, not a static one: a schedule would otherwise recompile every step on JAX
+    lr_arr = xp.asarray(float(lr), dtype=Y.dtype, device=_backend.device(Y))
+    return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "direction")(
+        Y, G, P, lr_arr, xp=xp, n_iter=n_iter, step=float(step), direction=bool(return_direction)
     )
 
 
