@@ -25,6 +25,7 @@ import math
 import numpy as np
 import pytest
 
+from _gauge_common import TINY, VARIANTS, inputs, rel
 from _helpers import to_numpy
 from geoarray.gauge import (
     GaugeElement,
@@ -41,30 +42,6 @@ from geoarray.gauge import (
 from geoarray.gauge.transforms import haar_orthogonal, rope_commutant
 from geoarray.models import TransformerLM
 from geoarray.models.language import apply_rope, rope_tables
-
-# the sizes of the other gauge test files: JAX compiles each primitive once per shape
-TINY = dict(n_layers=2, n_heads=2, d_head=2, d_model=5, d_ff=4, vocab=8, n_ctx=4)
-VARIANTS = {
-    "gpt2-gelu-tied": dict(arch="gpt2", **TINY),
-    "gpt2-relu": dict(arch="gpt2", activation="relu", **TINY),
-    "gpt2-untied": dict(arch="gpt2", tie_embeddings=False, **TINY),
-    "llama": dict(arch="llama", **TINY),
-    "llama-tied": dict(arch="llama", tie_embeddings=True, **TINY),
-    "bert-gelu": dict(arch="bert", norm_eps=1e-5, **TINY),
-    "bert-relu": dict(arch="bert", activation="relu", norm_eps=1e-5, **TINY),
-}
-
-
-def _inputs(cfg, xp, device, seed=0):
-    rng = np.random.default_rng(seed)
-    tok = xp.asarray(rng.integers(0, cfg["vocab"], size=(3, cfg["n_ctx"])), dtype=xp.int64, device=device)
-    types = xp.asarray(rng.integers(0, 2, size=(3, cfg["n_ctx"])), dtype=xp.int64, device=device)
-    return tok, (types if cfg["arch"] == "bert" else None)
-
-
-def _rel(a, b):
-    a, b = to_numpy(a), to_numpy(b)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def _weight_change(p, q):
@@ -121,13 +98,13 @@ def test_outputs_invariant_under_random_gauge_element(name, xp, device):
     cfg = VARIANTS[name]
     model = TransformerLM(cfg)
     params = model.init(0, xp=xp, device=device)
-    tok, types = _inputs(cfg, xp, device)
+    tok, types = inputs(cfg, xp, device)
     g = random_gauge(model, 5, xp=xp, device=device)
     assert (g.residual is not None) == (cfg["arch"] != "bert")
     assert any(s is not None for s in g.mlp) == (model.config.activation in ("relu", "swiglu"))
     model2, params2 = apply_gauge(model, params, g)
     assert model2.config.tie_embeddings is False or cfg["arch"] == "bert"
-    assert _rel(model2.apply(params2, tok, types), model.apply(params, tok, types)) <= 1e-10
+    assert rel(model2.apply(params2, tok, types), model.apply(params, tok, types)) <= 1e-10
     assert _weight_change(params, params2) >= 0.3
 
 
@@ -136,11 +113,11 @@ def test_folding_alone_keeps_outputs(name, xp, device):
     cfg = VARIANTS[name]
     model = TransformerLM(cfg)
     params = model.init(1, xp=xp, device=device)
-    tok, _ = _inputs(cfg, xp, device)
+    tok, _ = inputs(cfg, xp, device)
     m, p = untie(model, params)
     folded = fold_norms(m, p)
     assert np.all(to_numpy(folded["layers.0.norm1.scale"]) == 1.0)
-    assert _rel(m.apply(folded, tok), model.apply(params, tok)) <= 1e-12
+    assert rel(m.apply(folded, tok), model.apply(params, tok)) <= 1e-12
 
 
 @pytest.mark.parametrize("name", ["gpt2-gelu-tied", "gpt2-untied", "llama"])
@@ -149,13 +126,13 @@ def test_rotation_without_folding_is_not_a_symmetry(name, xp, device):
     cfg = VARIANTS[name]
     model = TransformerLM(cfg)
     params = model.init(2, xp=xp, device=device)
-    tok, _ = _inputs(cfg, xp, device)
+    tok, _ = inputs(cfg, xp, device)
     g = GaugeElement(residual=random_gauge(model, 7, xp=xp, device=device).residual)
     ref = model.apply(params, tok)
     m_fold, p_fold = apply_gauge(model, params, g, fold=True)
     m_raw, p_raw = apply_gauge(model, params, g, fold=False)
-    assert _rel(m_fold.apply(p_fold, tok), ref) <= 1e-10
-    assert _rel(m_raw.apply(p_raw, tok), ref) > 1e-2
+    assert rel(m_fold.apply(p_fold, tok), ref) <= 1e-10
+    assert rel(m_raw.apply(p_raw, tok), ref) > 1e-2
 
 
 @pytest.mark.parametrize("name", ["gpt2-gelu-tied", "llama-tied"])
@@ -164,14 +141,14 @@ def test_tied_embeddings_break_the_residual_rotation(name, xp, device):
     cfg = VARIANTS[name]
     model = TransformerLM(cfg)
     params = model.init(3, xp=xp, device=device)
-    tok, _ = _inputs(cfg, xp, device)
+    tok, _ = inputs(cfg, xp, device)
     g = GaugeElement(residual=random_gauge(model, 8, xp=xp, device=device).residual)
     m2, p2 = apply_gauge(model, params, g)
     assert not m2.config.tie_embeddings
     retied = {k: v for k, v in p2.items() if k != "unembed"}
     ref = model.apply(params, tok)
-    assert _rel(m2.apply(p2, tok), ref) <= 1e-10
-    assert _rel(model.apply(retied, tok), ref) > 1e-2
+    assert rel(m2.apply(p2, tok), ref) <= 1e-10
+    assert rel(model.apply(retied, tok), ref) > 1e-2
 
 
 def test_bad_gauge_requests(xp, device):
