@@ -208,8 +208,9 @@ def test_spectral_step_compiles_once_for_a_learning_rate_schedule(backend, xp, d
     rng = np.random.default_rng(0)
     Y = asarray(np.linalg.qr(rng.standard_normal((8, 2)))[0], xp, device)
     G = asarray(rng.standard_normal((8, 2)), xp, device)
+    jitted = _backend._jax_jit(spectral._stiefel_step, ("xp", "n_iter", "step", "direction"))
+    before = jitted._cache_size()  # other tests may have compiled it for their shapes already
     P = None
     for lr in (0.1, 0.05, 0.02):
         Y, P = spectral.stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=2)
-    jitted = _backend._jax_jit(spectral._stiefel_step, ("xp", "n_iter", "step", "direction"))
-    assert jitted._cache_size() == 1
+    assert jitted._cache_size() - before <= 1  # at most this shape's first compilation, not one per lr
