@@ -494,6 +494,25 @@ def torch_geqrf_op() -> Callable[..., Any]:
     return _TORCH_GEQRF_OP
 
 
+def torch_packed_qr(A: Array) -> tuple[Array, Array]:
+    """LAPACK's geqrf factor (R on and above the diagonal, reflectors below) and τ, unsplit (torch)."""
+    import torch
+
+    return torch.geqrf(A)
+
+
+def torch_apply_packed_q(a: Array, tau: Array, X: Array, transpose: bool) -> Array:
+    """Q X (or Qᵀ X) for the packed reflectors of :func:`torch_packed_qr`, by LAPACK's ormqr (torch);
+    ``a`` and ``tau`` are broadcast to X's batch shape (ormqr does not broadcast)."""
+    import torch
+
+    batch = X.shape[:-2]
+    if a.shape[:-2] != batch:
+        a = a.expand(*batch, *a.shape[-2:])
+        tau = tau.expand(*batch, tau.shape[-1])
+    return torch.ormqr(a, tau, X, left=True, transpose=transpose)
+
+
 @register_fast_path("geqrf", "torch")
 def _geqrf_torch(A: Array) -> tuple[Array, Array, Array]:
     import torch

@@ -125,21 +125,13 @@ class PackedHouseholderSection(NamedTuple):
 
     @classmethod
     def of(cls, Y: Array) -> PackedHouseholderSection:
-        import torch
-
-        a, tau = torch.geqrf(Y)
-        d = torch.diagonal(a, dim1=-2, dim2=-1)
-        return cls(Y, a, tau, torch.where(d < 0, -torch.ones_like(d), torch.ones_like(d)))
+        xp = array_namespace(Y)
+        a, tau = _backend.torch_packed_qr(Y)
+        d = xp.linalg.diagonal(a)
+        return cls(Y, a, tau, xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d)))
 
     def _q(self, X: Array, transpose: bool) -> Array:
-        import torch
-
-        batch = X.shape[:-2]
-        a, tau = self.a, self.tau
-        if a.shape[:-2] != batch:  # ormqr does not broadcast batch dimensions
-            a = a.expand(*batch, *a.shape[-2:])
-            tau = tau.expand(*batch, tau.shape[-1])
-        return torch.ormqr(a, tau, X, left=True, transpose=transpose)
+        return _backend.torch_apply_packed_q(self.a, self.tau, X, transpose)
 
     def coords(self, D: Array) -> Array:
         """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot]."""
@@ -155,10 +147,9 @@ class PackedHouseholderSection(NamedTuple):
 
     def perp(self, X: Array) -> Array:
         """Q⊥X = Q [0; X]."""
-        import torch
-
-        zeros = X.new_zeros((*X.shape[:-2], self.Y.shape[-1], X.shape[-1]))
-        return self._q(torch.cat([zeros, X], dim=-2), False)
+        xp = array_namespace(X=X, Y=self.Y)
+        zeros = xp.zeros((*X.shape[:-2], self.Y.shape[-1], X.shape[-1]), dtype=X.dtype, device=_device(X))
+        return self._q(xp.concat([zeros, X], axis=-2), False)
 
 
 def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection:
