@@ -120,6 +120,7 @@ def test_integer_inputs_raise_type_error(xp, device, fn):
 def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("expm") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("geqrf") == ["jax", "numpy", "torch"]
+    assert _backend.fast_path_backends("triu_inverse") == ["jax", "torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -127,6 +128,24 @@ def test_fast_path_registry(backend):
     if backend.kind in ("jax", "numpy", "torch"):
         assert callable(_backend.fast_path("expm", backend.xp, "native"))
     assert _backend.fast_path("no-such-op", backend.xp) is None
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_all_finite_flags_every_kind_of_non_finite_entry(xp, device, dtype_name):
+    """``all_finite`` (the optimizers' skip check) is False for one NaN, +inf or −inf anywhere in a batched
+    array, and True for finite arrays whose sum overflows (largest finite values of the dtype), and for −0."""
+    dtype = getattr(xp, dtype_name)
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((3, 9, 5))
+    assert bool(_backend.all_finite(asarray(base, xp, device, dtype=dtype), xp))
+    big = np.full((3, 9, 5), np.finfo(dtype_name).max)  # Σ overflows to inf; every entry is finite
+    assert bool(_backend.all_finite(asarray(big, xp, device, dtype=dtype), xp))
+    assert bool(_backend.all_finite(asarray(-0.0 * base, xp, device, dtype=dtype), xp))
+    for bad in (np.nan, np.inf, -np.inf):
+        for index in [(0, 0, 0), (2, 8, 4), tuple(int(i) for i in rng.integers(0, (3, 9, 5)))]:
+            x = base.copy()
+            x[index] = bad
+            assert not bool(_backend.all_finite(asarray(x, xp, device, dtype=dtype), xp)), (bad, index)
 
 
 def test_import_geoarray_imports_no_heavy_backend():

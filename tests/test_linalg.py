@@ -221,6 +221,19 @@ def test_householder_generic_equals_native(xp, device, backend):
         assert_close(g, n, xp=xp, atol=1e-13)
 
 
+def test_triu_inverse_native_equals_generic(xp, device, backend):
+    """The triangular-solve fast path for the compact-WY T factor equals the generic LU solve (and is an
+    inverse), batched, for the backends that have one."""
+    if backend.kind not in _backend.fast_path_backends("triu_inverse"):
+        assert _backend.fast_path("triu_inverse", xp) is None
+        pytest.skip(f"{backend.kind} has no triangular solver in its namespace: T uses the generic LU solve")
+    U = xp.triu(_rand(xp, device, 11, (4, 9, 9))) + 3 * linalg.eye(9, xp.zeros((9, 9), device=device))
+    native = _backend.fast_path("triu_inverse", xp)(U)
+    generic = xp.linalg.solve(U, xp.broadcast_to(linalg.eye(9, U), U.shape))
+    assert_close(native, generic, xp=xp, atol=1e-13)
+    assert_close(U @ native, np.broadcast_to(np.eye(9), (4, 9, 9)), xp=xp, device=device, atol=1e-13)
+
+
 def test_householder_handles_already_reduced_columns(xp, device):
     """Y = E = [I; 0] needs no reflection (τ = 0): T must stay finite and Q = I."""
     E = asarray(np.eye(8, 3), xp, device)
@@ -230,6 +243,17 @@ def test_householder_handles_already_reduced_columns(xp, device):
         Q = linalg.apply_q(qr.V, qr.T, linalg.eye(8, E))
         np.testing.assert_allclose(np.abs(to_numpy(Q)), np.eye(8), atol=1e-15)
         assert_close(Q[..., :3] @ qr.R, np.eye(8, 3), xp=xp, device=device, atol=1e-15)
+    # mixed: the first column already reduced (τ₁ = 0), the others not; Q stays orthogonal and A = Q[:, :n]R
+    A_np = np.random.default_rng(12).standard_normal((8, 3))
+    A_np[:, 0] = 0.0
+    A_np[0, 0] = -2.0
+    A = asarray(A_np, xp, device)
+    for impl in ["auto", "generic"]:
+        qr = linalg.householder_qr(A, impl=impl)
+        assert np.all(np.isfinite(to_numpy(qr.T)))
+        Q = linalg.apply_q(qr.V, qr.T, linalg.eye(8, A))
+        assert_close(xp.matrix_transpose(Q) @ Q, np.eye(8), xp=xp, device=device, atol=1e-14)
+        assert_close(Q[..., :3] @ qr.R, A_np, xp=xp, device=device, atol=1e-14)
 
 
 def test_householder_is_o_n_memory(xp, device):

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import array_api_compat as _compat
 
 __all__ = [
+    "all_finite",
     "array_namespace",
     "as_namespace",
     "backend_name",
@@ -103,14 +104,31 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
     names are only used to make the error message name the offending arguments. Mixed namespaces
     (e.g. a NumPy array and a torch tensor) raise ``TypeError`` naming each backend involved.
     """
+    values = arrays + tuple(named.values()) if named else arrays
+    if values:
+        # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray depends on its type alone; the
+        # optimizers ask a few dozen times per step, and the general route below costs ≈ 1.5 µs per call
+        kind = type(values[0])
+        ns = _NAMESPACE_OF_TYPE.get(kind)
+        if ns is not None:
+            for a in values:
+                if type(a) is not kind and a is not None:
+                    break
+            else:
+                return ns
     items = [(f"argument {i}", a) for i, a in enumerate(arrays)] + list(named.items())
     items = [(k, a) for k, a in items if a is not None and not isinstance(a, _SCALARS)]
     if not items:
         raise TypeError("no array among the inputs: cannot tell which array namespace to use")
+    kind = type(items[0][1])
     try:
-        return _compat.array_namespace(*(a for _, a in items))
+        ns = _compat.array_namespace(*(a for _, a in items))
     except TypeError:
         pass
+    else:
+        if all(type(a) is kind for _, a in items) and kind.__module__.split(".")[0] in ("torch", "numpy", "cupy"):
+            _NAMESPACE_OF_TYPE[kind] = ns
+        return ns
     kinds = {}
     for key, a in items:
         kinds.setdefault(_describe(a), []).append(key)
@@ -154,8 +172,14 @@ def as_namespace(xp: Any) -> Namespace:
     )
 
 
+_NAMESPACE_OF_TYPE: dict[type, Namespace] = {}
+
+
 def device(x: Array) -> Any:
     """The device an array lives on (``array_api_compat.device``)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.device  # what array_api_compat returns, without its ≈ 1 µs of dispatch (per leaf, per step)
     return _compat.device(x)
 
 
@@ -226,6 +250,20 @@ def is_compiling() -> bool:
     """True while ``torch.compile`` traces (dynamo): Python-side checks that its polyfills cannot run are skipped."""
     torch = sys.modules.get("torch")
     return torch is not None and torch.compiler.is_compiling()
+
+
+def all_finite(x: Array, xp: Namespace) -> Array:
+    """A 0-d boolean array: every entry of x is finite.
+
+    Eager torch: isfinite(Σ x·0), two passes (x·0 is ±0 where x is finite and NaN where it is not,
+    and a sum with a NaN is NaN; no overflow, unlike isfinite(Σ x)) instead of the five of torch's
+    ``all(isfinite(x))`` (abs, ne, eq, mul, all): 0.12 ms instead of 1.3 ms on a 4096×128 float32
+    gradient. NumPy's isfinite is one pass (and x·0 would warn), and compilers (JAX, torch.compile)
+    fuse ``all(isfinite(x))`` into one pass and must not be offered x·0 to simplify.
+    """
+    if is_torch(xp) and not is_compiling():
+        return xp.isfinite(xp.sum(x * 0))
+    return xp.all(xp.isfinite(x))
 
 
 def is_traced(x: Any) -> bool:
@@ -456,17 +494,40 @@ def _expm_numpy(A: Array) -> Array:
     return sla.expm(A)
 
 
+# inverse of an upper-triangular matrix ---------------------------------------------------------
+# The generic path is a general LU solve against I (the array API has no triangular solve); the native
+# ones use the triangular solver (torch, 4096×128's T factor: 0.14 ms instead of 0.44 ms).
+
+
+@register_fast_path("triu_inverse", "torch")
+def _triu_inverse_torch(U: Array) -> Array:
+    import torch
+
+    eye = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device).expand(U.shape)
+    return torch.linalg.solve_triangular(U, eye, upper=True)
+
+
+@register_fast_path("triu_inverse", "jax")
+def _triu_inverse_jax(U: Array) -> Array:
+    import jax
+    import jax.numpy as jnp
+
+    eye = jnp.broadcast_to(jnp.eye(U.shape[-1], dtype=U.dtype), U.shape)
+    return jax.lax.linalg.triangular_solve(U, eye, left_side=True, lower=False)
+
+
 # Householder QR (LAPACK geqrf convention: H_k = I - tau_k v_k v_kᵀ, v_k[k] = 1) ----------------
 # Each returns (V, tau, R) with V unit lower trapezoidal (..., N, n), tau (..., n), R (..., n, n).
 
 
 def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Array]:
+    # only the top n×n block of the packed factor holds R and the reflectors' unit diagonal; the rows
+    # below are the reflectors as they are (a tril/add over all N rows cost torch 1.7 ms on 4096×128)
     n = a.shape[-1]
-    lower = xp.tril(a, k=-1)
-    eye = xp.eye(a.shape[-2], n, dtype=a.dtype, device=_compat.device(a))
-    V = lower + eye
-    R = xp.triu(a[..., :n, :])
-    return V, tau, R
+    top = a[..., :n, :]
+    V_top = xp.tril(top, k=-1) + xp.eye(n, dtype=a.dtype, device=_compat.device(a))
+    V = xp.concat([V_top, a[..., n:, :]], axis=-2) if a.shape[-2] > n else V_top
+    return V, tau, xp.triu(top)
 
 
 _TORCH_GEQRF_OP: Any = None

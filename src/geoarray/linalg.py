@@ -283,20 +283,23 @@ def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
     """(V, T) of the compact-WY form Q = H₁⋯Hₙ = I − V T Vᵀ, via the UT transform.
 
     T⁻¹ = diag(1/τ) + striu(VᵀV) (Joffrain, Low, Quintana-Ortí, van de Geijn, Schreiber 2006), one
-    batched triangular solve instead of LAPACK dlarft's column-by-column recurrence. A reflector with
-    τₖ = 0 is the identity (LAPACK's choice when a column is already reduced); its vₖ is zeroed and
-    1/τₖ replaced by 1, which leaves V T Vᵀ unchanged and keeps T finite.
+    batched triangular inversion instead of LAPACK dlarft's column-by-column recurrence. A reflector
+    with τₖ = 0 is the identity (LAPACK's choice when a column is already reduced): row and column k
+    of VᵀV are zeroed and 1/τₖ replaced by 1, so T⁻¹ (and T) is the identity in that row and column,
+    which is then zeroed in T — V T Vᵀ no longer sees vₖ, and T stays finite. All of this is n×n work.
     """
     n = V.shape[-1]
     active = tau != 0
-    V = V * xp.astype(active, V.dtype)[..., None, :]
+    keep = xp.astype(active, V.dtype)
+    both = keep[..., :, None] * keep[..., None, :]
     inv_tau = xp.where(active, 1 / xp.where(active, tau, xp.ones_like(tau)), xp.ones_like(tau))
-    G = _mT(V, xp) @ V
-    eye_n = xp.broadcast_to(eye(n, V), G.shape)
+    G = (_mT(V, xp) @ V) * both
     # diag(1/τ) as a product with I: xpx.create_diagonal loops over batch elements, which unrolled
     # into 336 operations made jax.jit of the ViT's optimizer step compile for 20 s
-    T_inv = xp.triu(G, k=1) + inv_tau[..., None, :] * eye_n
-    return V, xp.linalg.solve(T_inv, eye_n)
+    T_inv = xp.triu(G, k=1) + inv_tau[..., None, :] * eye(n, V)
+    native = _backend.fast_path("triu_inverse", xp)
+    T = native(T_inv) if native is not None else xp.linalg.solve(T_inv, xp.broadcast_to(eye(n, V), T_inv.shape))
+    return V, T * both
 
 
 def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:

@@ -442,7 +442,7 @@ class RiemannianOptimizer:
             return None
         finite = None
         for G in packed:
-            flag = xp.all(xp.isfinite(G))
+            flag = _backend.all_finite(G, xp)
             finite = flag if finite is None else xp.logical_and(finite, flag)
         return finite
 
@@ -458,7 +458,9 @@ class RiemannianOptimizer:
         finite = self._finite(gleaves, packed_grads, xp)
         if finite is not None:
             # zero the gradients of a skipped step so no NaN reaches LAPACK-backed kernels
-            packed_grads = [xp.where(finite, G, xp.zeros_like(G)) for G in packed_grads]
+            packed_grads = [
+                xp.where(finite, G, xp.zeros((), dtype=G.dtype, device=_backend.device(G))) for G in packed_grads
+            ]
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []

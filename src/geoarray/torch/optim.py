@@ -192,14 +192,15 @@ class Optimizer(torch.optim.Optimizer):
         for i in active:
             p = group["params"][i]
             g = p.grad
-            name = self._name(group, gi, i)
-            if g.is_sparse:
-                raise TypeError(f"the gradient of {name} is sparse; geoarray optimizers need dense gradients")
-            if g.dtype != p.dtype:
-                raise TypeError(f"the gradient of {name} has dtype {g.dtype}, the parameter {p.dtype}")
-            if g.device != p.device:
-                raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
-            if g.shape != p.shape:
+            if g.is_sparse or g.dtype != p.dtype or g.device != p.device or g.shape != p.shape:
+                # the name is formatted only for the error (it costs more than the checks, every step)
+                name = self._name(group, gi, i)
+                if g.is_sparse:
+                    raise TypeError(f"the gradient of {name} is sparse; geoarray optimizers need dense gradients")
+                if g.dtype != p.dtype:
+                    raise TypeError(f"the gradient of {name} has dtype {g.dtype}, the parameter {p.dtype}")
+                if g.device != p.device:
+                    raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
                 raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
 
     def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> _Cohort:
@@ -265,7 +266,10 @@ class Optimizer(torch.optim.Optimizer):
             # a model converted (module.to) after the first step: the state stayed behind, and the core
             # would fail on mixed dtypes deep inside, or promote silently, instead of naming the parameter
             for i, (dtype, dev) in zip(cohort.indices, cohort.where, strict=False):
-                p, name = params[i], self._name(group, gi, i)
+                p = params[i]
+                if p.dtype == dtype and p.device == dev:
+                    continue
+                name = self._name(group, gi, i)
                 advice = "create the optimizer after converting the model (module.to(...))"
                 if p.dtype != dtype:
                     raise TypeError(
