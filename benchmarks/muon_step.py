@@ -31,6 +31,9 @@ ViT 336×49×7    12.05 ms       28.64 ms    7.90 ms     0.38 → 0.42    1.5
 0.19–0.27 (ViT) over four runs. The earlier measurement on a quieter machine (2 threads, the old
 code) was 2.43 / 2.59 / 0.29.
 
+Latest (main ``f0a0716``, ``--threads 1 --steps 40``, three runs): ÷ Muon 2.12–2.27 (1024×64),
+2.17–2.25 (4096×128), 0.39–0.42 (ViT); benchmarks/README.md has the table.
+
 Where the time goes (torch profiler, 1024×64, one thread, per step): 28 matmuls 0.96 ms (the six
 O(N·n²) ones — YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new — against seven before), five n×n
 ``eigh`` 0.78 ms (three for the dual at n_iter = 2, ‖A‖₂, the retraction's Gram), about 60

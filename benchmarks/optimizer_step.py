@@ -21,22 +21,22 @@ steps, ``--steps`` rounds call each optimizer once, interleaved in alternating o
 processes on a shared machine hits all alike), and the tables give the medians. Ratios are what matters:
 absolute times depend on the machine and its load.
 
-Latest measurement (main's optimizer, src/ = 1f23738, before the rewrite of issue #11; every library on
-one thread — ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32,
-median of 30, AMD EPYC Zen 4, 2 vCPUs shared with other jobs; more in benchmarks/README.md), ratio =
-geoarray / plain Adam:
+Latest measurement (main `f0a0716`; every library on one thread — ``OMP_NUM_THREADS=1
+OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32, median of 30, AMD EPYC Zen 4,
+2 vCPUs shared with other jobs, load average 0.2–1.0; more, with the previous main run alongside, in
+benchmarks/README.md), ratio = geoarray / plain Adam:
 
 ==========  =====  =====  =====  =================
 set         torch  jax    numpy  geoopt / geoarray
 ==========  =====  =====  =====  =================
-vit         20.9×  13.3×  11.2×  2.1×
-1024x64     15.8×  14.0×  6.7×   8.9×
-4096x128    16.9×  48.1×  11.5×  36.2×
-vit-leaves  2.3×   —      1.9×   3.6×
+vit         9.1×   12.8×  5.7×   3.0×
+1024x64     8.3×   10.4×  5.8×   12.6×
+4096x128    10.8×  24.5×  11.0×  53×
+vit-leaves  0.9×   1.4×   2.0×   8.8×
 ==========  =====  =====  =====  =================
 
-Drift after 1000 float32 steps on the ViT set: geoarray 5.4e-6, geoopt 3.5e-5. JAX compile: vit 14 s,
-vit-leaves 238 s (default threads, under load).
+Drift after 1000 float32 steps on the ViT set: geoarray 6.6e-7, geoopt 3.5e-5. JAX compile: 0.7–1.0 s,
+vit-leaves 6.5 s.
 
     python benchmarks/optimizer_step.py [--backends torch jax numpy] [--steps 30] [--json out.json]
         [--torch-compile [MODE]]   # also torch.compile(opt.update) with inductor
