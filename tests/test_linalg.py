@@ -256,6 +256,41 @@ def test_householder_handles_already_reduced_columns(xp, device):
         assert_close(Q[..., :3] @ qr.R, A_np, xp=xp, device=device, atol=1e-14)
 
 
+@pytest.mark.parametrize("shape", [(20, 5), (3, 49, 7), (2, 64, 16), (6, 1)])
+def test_householder_of_orthonormal_equals_householder_qr(xp, device, shape):
+    """The reconstruction from an n×n LU (Ballard et al. 2015) gives geqrf's factors V, T, R = diag(±1) of an
+    orthonormal Y to 1e-13, batched, and Q = I − V T Vᵀ is orthogonal with Q[:, :n]R = Y."""
+    Y_np = np.linalg.qr(np.random.default_rng(13).standard_normal(shape))[0]
+    Y = asarray(Y_np, xp, device)
+    qr, rec = linalg.householder_qr(Y), linalg.householder_of_orthonormal(Y)
+    for a, b in zip(qr, rec, strict=True):  # V, T, R
+        assert_close(b, a, xp=xp, atol=1e-13)
+    N = shape[-2]
+    Q = linalg.apply_q(rec.V, rec.T, xp.broadcast_to(linalg.eye(N, Y), (*shape[:-2], N, N)))
+    assert_close(xp.matrix_transpose(Q) @ Q, np.broadcast_to(np.eye(N), Q.shape), xp=xp, device=device, atol=1e-14)
+    assert_close(Q[..., : shape[-1]] @ rec.R, Y_np, xp=xp, device=device, atol=1e-14)
+
+
+def test_householder_of_orthonormal_drifted_and_reduced_columns(xp, device):
+    """A Y off the manifold by 1e-6 still gives an orthogonal Q (τ = 2/‖v‖²: exact reflectors), with
+    Q[:, :n]R = Y up to that 1e-6; already reduced columns (Y = E) take reflections (R = −I), a valid
+    factorisation where geqrf takes identities."""
+    Y_np = np.linalg.qr(np.random.default_rng(14).standard_normal((30, 4)))[0] * (1 + 1e-6)
+    rec = linalg.householder_of_orthonormal(asarray(Y_np, xp, device))
+    Q = linalg.apply_q(rec.V, rec.T, linalg.eye(30, rec.V))
+    assert_close(xp.matrix_transpose(Q) @ Q, np.eye(30), xp=xp, device=device, atol=1e-14)
+    err = max_abs(Q[..., :4] @ rec.R - asarray(Y_np, xp, device))
+    assert 5e-7 < err < 2e-6
+    E = asarray(np.eye(8, 3), xp, device)
+    rec = linalg.householder_of_orthonormal(E)
+    assert np.all(np.isfinite(to_numpy(rec.T)))
+    assert_close(rec.R, -np.eye(3), xp=xp, device=device, atol=0)
+    Q = linalg.apply_q(rec.V, rec.T, linalg.eye(8, E))
+    assert_close(Q[..., :3] @ rec.R, np.eye(8, 3), xp=xp, device=device, atol=1e-15)
+    with pytest.raises(ValueError, match="Y must be tall"):
+        linalg.householder_of_orthonormal(asarray(np.eye(3, 5), xp, device))
+
+
 def test_householder_is_o_n_memory(xp, device):
     """The factors are N×n and n×n: nothing N×N is returned."""
     qr = linalg.householder_qr(_rand(xp, device, 0, (300, 4)))

@@ -72,8 +72,11 @@ class HouseholderSection(NamedTuple):
     signs: Array  # S = sign(diag R), (..., n), entries ±1
 
     @classmethod
-    def of(cls, Y: Array) -> HouseholderSection:
-        qr = linalg.householder_qr(Y)
+    def of(cls, Y: Array, *, reconstruct: bool = False) -> HouseholderSection:
+        """The section of Y, from a Householder QR of Y (geqrf) or, with ``reconstruct=True``, from the
+        factors reconstructed out of Y's orthonormality (:func:`geoarray.linalg.householder_of_orthonormal`:
+        an n×n LU instead of an N×n QR; the same section to rounding)."""
+        qr = linalg.householder_of_orthonormal(Y) if reconstruct else linalg.householder_qr(Y)
         xp = array_namespace(Y)
         d = xp.linalg.diagonal(qr.R)
         return cls(Y, qr.V, qr.T, xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d)))
@@ -158,7 +161,8 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
     torch, eager, a batch of ≥ 16 frames with n ≤ 32: packed reflectors applied by ormqr (one call per
     application); elsewhere the compact-WY form, whose products are faster for single large frames
     (one 1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products) and which traces under
-    torch.compile and jax.jit.
+    torch.compile and jax.jit. On JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n) take their reflectors
+    from :func:`geoarray.linalg.householder_of_orthonormal` instead of XLA's QR.
     """
     xp = array_namespace(Y)
     if _backend.is_torch(xp) and not _backend.is_compiling():
@@ -171,7 +175,12 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
         and Y.shape[-1] <= 32
     ):
         return PackedHouseholderSection.of(Y)
-    return HouseholderSection.of(Y)
+    # JAX: XLA's CPU QR is slow for single tall frames (4096×128: 6.5 ms against 0.7 ms for a product of
+    # that size), the reconstruction's loop of n masked n×n updates for wide or batched ones (jitted, one
+    # thread: 4096×128 0.42× the QR's time, 1024×64 0.72×, 256×32 0.89×; 512×128 2.0×, 8 × 256×32 1.5×)
+    N, n = Y.shape[-2], Y.shape[-1]
+    reconstruct = _backend.is_jax(xp) and math.prod(Y.shape[:-2]) < 8 and n >= 32 and N >= 8 * n
+    return HouseholderSection.of(Y, reconstruct=reconstruct)
 
 
 def _scale_top_rows(X: Array, signs: Array, n: int) -> Array:
