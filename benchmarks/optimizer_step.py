@@ -21,17 +21,17 @@ steps, ``--steps`` rounds call each optimizer once, interleaved in alternating o
 processes on a shared machine hits all alike), and the tables give the medians. Ratios are what matters:
 absolute times depend on the machine and its load.
 
-Latest measurement (main `f0a0716`; every library on one thread — ``OMP_NUM_THREADS=1
-OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32, median of 30, AMD EPYC Zen 4,
-2 vCPUs shared with other jobs, load average 0.2–1.0; more, with the previous main run alongside, in
-benchmarks/README.md), ratio = geoarray / plain Adam:
+Latest measurement (main `f0a0716`, JAX's single frames at `39a660f`; every library on one thread —
+``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32, median of 30,
+AMD EPYC Zen 4, 2 vCPUs shared with other jobs, load average 0.2–1.0; more, with the previous main run
+alongside, in benchmarks/README.md), ratio = geoarray / plain Adam:
 
 ==========  =====  =====  =====  =================
 set         torch  jax    numpy  geoopt / geoarray
 ==========  =====  =====  =====  =================
 vit         9.1×   12.8×  5.7×   3.0×
-1024x64     8.3×   10.4×  5.8×   12.6×
-4096x128    10.8×  24.5×  11.0×  53×
+1024x64     8.3×   8.8×   5.8×   12.6×
+4096x128    10.8×  15.7×  11.0×  53×
 vit-leaves  0.9×   1.4×   2.0×   8.8×
 ==========  =====  =====  =====  =================
 
