@@ -214,3 +214,13 @@ def test_spectral_step_compiles_once_for_a_learning_rate_schedule(backend, xp, d
     for lr in (0.1, 0.05, 0.02):
         Y, P = spectral.stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=2)
     assert jitted._cache_size() - before <= 1  # at most this shape's first compilation, not one per lr
+
+
+def test_inv_sqrt_of_a_zero_gram_is_zero_without_warnings(xp, device):
+    """A zero Gram matrix (G = 0, P = 0: M = 0) gives H = 0 exactly and evaluates no 1/0 (warnings are errors
+    in this suite), nor does one whose eigenvalues all round below 0."""
+    from geoarray.manifolds.spectral import _inv_sqrt_psd
+
+    for gram in (np.zeros((2, 4, 4)), -1e-300 * np.eye(4)[None]):
+        H, _ = _inv_sqrt_psd(asarray(gram, xp, device), xp)
+        assert np.all(to_numpy(H) == 0.0)

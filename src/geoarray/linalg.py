@@ -345,6 +345,11 @@ def householder_of_orthonormal(Y: Array) -> HouseholderQR:
     this takes the reflection, τₖ = 2: both are valid. τ is recomputed as 2/‖vₖ‖², so that Q is a
     product of exact reflectors, orthogonal to rounding whatever the orthonormality error of Y
     (λE = Q·E·S then equals Y up to that error, as for a QR of Y).
+
+    Y must have orthonormal columns; this is not checked (a check reads a value to the host). For any
+    other Y the returned Q is still orthogonal but Q[:, :n]·R is not Y: use :func:`householder_qr`.
+    The n elimination steps are one ``lax.fori_loop`` on JAX and a Python loop of n batched steps
+    elsewhere, which is why the optimizers use this on JAX only (see ``sections.householder_section``).
     """
     xp = array_namespace(Y=Y)
     _check_matrix(Y, "Y", xp)
@@ -384,8 +389,7 @@ def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
         A, s = jax.lax.fori_loop(0, n, eliminate, carry)
     else:
         for k in range(n):
-            A, s = eliminate(k, carry)
-            carry = (A, s)
+            carry = eliminate(k, carry)
         A, s = carry
     U = xp.triu(A)
     V1 = xp.tril(A, k=-1) + eye(n, Y)

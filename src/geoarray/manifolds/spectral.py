@@ -94,9 +94,11 @@ def _inv_sqrt_psd(gram: Array, xp: Any) -> tuple[Array, Array]:
     # gram = MᵀM). ``gram`` is symmetric by construction; eigh reads one triangle (LAPACK) or
     # symmetrises itself (JAX), so it is not re-symmetrised here.
     lam, V = xp.linalg.eigh(gram)
-    tiny = gram.shape[-1] * xp.finfo(gram.dtype).eps * lam[..., -1:]
-    # maximum(λ, tiny) keeps the square root real and finite where λ is cut off (or rounds below 0)
-    inv_sqrt = xp.where(lam > tiny, 1 / xp.sqrt(xp.maximum(lam, tiny)), xp.zeros_like(lam))
+    # cut-off λ are replaced by 1 before the square root, so no 1/0 is evaluated (gram = 0 has λ = 0 and
+    # a cut-off of 0: NumPy would warn, and autodiff through where would meet the inf)
+    tiny = gram.shape[-1] * xp.finfo(gram.dtype).eps * xp.clip(lam[..., -1:], min=0.0)
+    keep = lam > tiny
+    inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
     return (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V), lam
 
 
