@@ -9,36 +9,21 @@ step by step (so that load from other processes affects them alike), and the med
 
 * manifold Muon: ``geoarray.optim.ManifoldMuon(lr=0.01).update`` on one Stiefel(N, n) leaf (EMA
   momentum 0.95 with torch's Nesterov form, dual warm-started from the previous step, ``--n-iter``
-  dual iterations, polar retraction in the compressed n×n coordinates); the ViT set is one batched
-  (336, 49, 7) leaf;
+  dual iterations (default: the optimizer's, 1), polar retraction in the compressed n×n
+  coordinates); the ViT set is one batched (336, 49, 7) leaf;
 * torch.optim.Muon: one parameter per matrix (it accepts 2-D parameters only), bfloat16 Newton–Schulz;
 * torch.optim.Adam: the same parameters, default settings (foreach implementation).
 
-Measured (torch 2.13 CPU, default ``--n-iter 2``, ``--steps 40``, on a 2-core machine shared with
-other jobs: load average 3–8 during the runs, so single runs vary by up to 2×; ``--threads 1`` is
-the steadier setting there). Before → after the compressed retraction (same script, the two code
-versions run back to back), ``--threads 1``:
+Measured (torch 2.13 CPU, ``--threads 1 --steps 40``, 2026-11-23, three runs alternating with the
+previous main 876b76a; benchmarks/README.md has the table): ÷ torch.optim.Muon 1.79–1.88 (1024×64),
+1.90–1.93 (4096×128), 0.31 (ViT), against 2.20–2.36, 2.18–2.20 and 0.41–0.42 before; ``--threads 2``
+1.68–1.78, 1.75–1.90 and 0.19–0.21. The goals are ≤ 2× on the single frames and ≤ 0.5× on the ViT set.
 
-==============  =============  ==========  ==========  =============  ======
-weights         manifold Muon  torch Muon  torch Adam  ÷ Muon         ÷ Adam
-==============  =============  ==========  ==========  =============  ======
-1024×64         2.62 ms        1.06 ms     0.28 ms     2.69 → 2.48    9.5
-4096×128        18.60 ms       8.68 ms     2.32 ms     2.73 → 2.14    8.0
-ViT 336×49×7    12.05 ms       28.64 ms    7.90 ms     0.38 → 0.42    1.5
-==============  =============  ==========  ==========  =============  ======
-
-``--threads 2`` in the same session gave ÷ Muon 2.0–3.8 (1024×64), 2.0–3.1 (4096×128) and
-0.19–0.27 (ViT) over four runs. The earlier measurement on a quieter machine (2 threads, the old
-code) was 2.43 / 2.59 / 0.29.
-
-Latest (main ``f0a0716``, ``--threads 1 --steps 40``, three runs): ÷ Muon 2.12–2.27 (1024×64),
-2.17–2.25 (4096×128), 0.39–0.42 (ViT); benchmarks/README.md has the table.
-
-Where the time goes (torch profiler, 1024×64, one thread, per step): 28 matmuls 0.96 ms (the six
-O(N·n²) ones — YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new — against seven before), five n×n
-``eigh`` 0.78 ms (three for the dual at n_iter = 2, ‖A‖₂, the retraction's Gram), about 60
-elementwise and small ops 0.7 ms; torch.optim.Muon runs ten bfloat16 products. Fewer ``eigh``
-would need an inexact ‖A‖₂ or dual, which changes the optimizer's steps (the README's table).
+Where the time goes (dispatch trace, 1024×64, one thread, per step): six O(N·n²) products 0.6 ms
+(YᵀG, G⊥ = G − Y·YᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new), two n×n ``eigh`` (the dual iteration and the
+direction's msign, whose gradient step also advances the dual) and one ``eigvalsh`` (‖A‖₂) 0.4–0.6 ms,
+about 130 small operations; the retraction's (I + lr²AᵀA)^{-1/2} is a truncated series, not an eigh.
+torch.optim.Muon runs ten bfloat16 products.
 """
 
 from __future__ import annotations
@@ -67,7 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--n-iter", type=int, default=2, help="dual iterations per manifold-Muon step")
+    ap.add_argument(
+        "--n-iter", type=int, default=None, help="dual iterations per manifold-Muon step (default: ManifoldMuon's)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -87,7 +74,7 @@ def main() -> None:
         G = torch.randn(*batch, N, n) * 0.01
 
         # the optimizer users run: EMA momentum 0.95 (Nesterov), warm-started dual, polar retraction
-        opt = ManifoldMuon(lr=0.01, dual_iterations=args.n_iter)
+        opt = ManifoldMuon(lr=0.01, **({} if args.n_iter is None else {"dual_iterations": args.n_iter}))
         st = {"params": {"W": Y0.clone()}}
         st["state"] = opt.init(st["params"], {"W": Stiefel(N, n)})
 

@@ -84,7 +84,15 @@ def brockett(seed: int, form: str, section: str, *, N: int, n: int, m: int, step
 
 
 def vit(
-    seed: int, form: str, section: str | None, *, epochs: int, batch_size: int, lr: float, muon_lr: float = 5e-3
+    seed: int,
+    form: str,
+    section: str | None,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    muon_lr: float = 5e-3,
+    dual_iterations: int | None = None,
 ) -> dict:
     import array_api_compat.numpy as xp
 
@@ -101,7 +109,9 @@ def vit(
         labels = optree.tree_map(
             lambda m: "adam" if m is None else "muon", model.manifolds(), is_leaf=lambda m: m is None, none_is_leaf=True
         )
-        opt = optim.partition({"muon": optim.ManifoldMuon(muon_lr), "adam": optim.Adam(lr, **FORMS[form])}, labels)
+        options = {} if dual_iterations is None else {"dual_iterations": dual_iterations}
+        muon = optim.ManifoldMuon(muon_lr, **options)
+        opt = optim.partition({"muon": muon, "adam": optim.Adam(lr, **FORMS[form])}, labels)
     else:
         opt = optim.Adam(lr, section=section, seed=seed, **FORMS[form])
     result = train.fit(
@@ -126,6 +136,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=[*SECTIONS, "manifold-muon"])
     parser.add_argument("--muon-lr", type=float, default=5e-3, help="vit, manifold-muon: ManifoldMuon's lr")
+    parser.add_argument(
+        "--dual-iterations", type=int, default=None, help="vit, manifold-muon: ManifoldMuon's dual_iterations"
+    )
     parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=list(FORMS))
     parser.add_argument("--epochs", type=int, default=15, help="vit: epochs")
     parser.add_argument("--steps", type=int, default=400, help="brockett: steps")
@@ -145,7 +158,18 @@ def main(argv=None) -> None:
             if args.task == "brockett":
                 runs.append(brockett(seed, form, section, N=args.N, n=args.n, m=16, steps=args.steps, lr=1e-2))
             else:
-                runs.append(vit(seed, form, section, epochs=args.epochs, batch_size=64, lr=1e-3, muon_lr=args.muon_lr))
+                runs.append(
+                    vit(
+                        seed,
+                        form,
+                        section,
+                        epochs=args.epochs,
+                        batch_size=64,
+                        lr=1e-3,
+                        muon_lr=args.muon_lr,
+                        dual_iterations=args.dual_iterations,
+                    )
+                )
         extra = "acc" if args.task == "vit" else "jumps"
         label = section or "unconstrained"
         print(

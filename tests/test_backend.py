@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import geoarray
-from _helpers import asarray
+from _helpers import asarray, assert_close
 from geoarray import _backend, linalg
 
 
@@ -121,6 +121,8 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("expm") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("geqrf") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("triu_inverse") == ["jax", "torch"]
+    assert _backend.fast_path_backends("addmm") == ["torch"]
+    assert _backend.fast_path_backends("lerp") == ["torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -128,6 +130,31 @@ def test_fast_path_registry(backend):
     if backend.kind in ("jax", "numpy", "torch"):
         assert callable(_backend.fast_path("expm", backend.xp, "native"))
     assert _backend.fast_path("no-such-op", backend.xp) is None
+
+
+def test_addmm_and_lerp_equal_their_generic_forms(xp, device, backend):
+    """``addmm`` (C + α·A@B, the addition inside torch's GEMM) and ``lerp`` (a + w(b − a), torch.lerp) equal
+    the plain expressions to 1e-14, for 2-D, batched, broadcast and empty operands and for α = 1, −1, 0.3; where the
+    fast path declines (C not of the product's shape) the generic form runs. Backends without a native kernel
+    run the generic form (NumPy has no GEMM with β, XLA fuses the addition itself)."""
+    rng = np.random.default_rng(12)
+
+    def arr(*shape):
+        return asarray(rng.standard_normal(shape), xp, device)
+
+    cases = [(arr(9, 4), arr(9, 5), arr(5, 4)), (arr(3, 9, 4), arr(3, 9, 5), arr(3, 5, 4)),
+             (arr(2, 3, 9, 4), arr(9, 5), arr(2, 3, 5, 4)), (arr(9, 4), arr(3, 9, 5), arr(3, 5, 4)),
+             (arr(0, 9, 4), arr(0, 9, 5), arr(5, 4)), (arr(2, 9, 0), arr(2, 9, 5), arr(2, 5, 0))]  # fmt: skip
+    for C, A, B in cases:
+        for alpha in (1.0, -1.0, 0.3):
+            assert_close(_backend.addmm(C, A, B, xp, alpha=alpha), C + alpha * (A @ B), xp=xp, atol=1e-14)
+    a, b = arr(2, 9, 4), arr(2, 9, 4)
+    for w in (0.0, 0.05, 0.95, 1.0):
+        assert_close(_backend.lerp(a, b, w, xp), a + w * (b - a), xp=xp, atol=1e-14)
+    a1 = arr(9, 4)  # broadcast: torch.lerp is declined, the generic form runs
+    assert_close(_backend.lerp(a1, b, 0.3, xp), a1 + 0.3 * (b - a1), xp=xp, atol=1e-14)
+    native = _backend.fast_path("addmm", xp)
+    assert (native is None) == (backend.kind != "torch")
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])

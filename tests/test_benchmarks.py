@@ -109,3 +109,13 @@ def test_optimizer_step_without_geoopt(bench_backend, tmp_path, capsys, monkeypa
     rows = json.loads(path.read_text())["rows"]
     assert rows[0]["geoopt"] == module.GEOOPT_MISSING and "geoopt_ms" not in rows[0]
     assert rows[-1]["geoopt"] == module.GEOOPT_MISSING
+
+
+def test_muon_direction_accuracy_is_a_true_suboptimality(backend):
+    """``muon_direction_accuracy.py``'s Brockett measure: the warm-started direction's relative
+    suboptimality against the dual value of the converged problem is ≥ 0 (weak duality: no feasible
+    direction beats the dual) and small (< 1e-4 on St(16, 4) with one dual iteration per step)."""
+    if backend.name != "numpy":
+        pytest.skip(f"muon_direction_accuracy.py runs on NumPy only; this is the {backend.name} session")
+    subopt = _load("muon_direction_accuracy").brockett(16, 4, 1, seeds=1)
+    assert 0.0 <= subopt < 1e-4

@@ -111,20 +111,24 @@ def test_partition_of_manifold_muon_and_adam(xp, device, backend):
 def test_compressed_polar_step_equals_the_generic_path(xp, device, n_iter):
     """``stiefel_spectral_step`` (the polar retraction assembled from n×n blocks, ManifoldMuon's fast path)
     equals the generic route polar(Y − lr·A) on N×n with A, P from ``stiefel_spectral_direction``, to 1e-12:
-    batched, warm-started from a random symmetric P0, and for a Y that has drifted off the manifold
-    (YᵀY = (1 + 1e-6)²I, which the N×n polar removes and so must the compressed one)."""
-    from geoarray.manifolds.spectral import stiefel_spectral_direction, stiefel_spectral_step
+    batched, warm-started from a random symmetric P0, for learning rates whose (XᵀX)^{-1/2} is the series of
+    degree 4 and 8 and the eigh (lr = 0.003, 0.07, 0.4 in float64), and for a Y that has drifted off the
+    manifold (YᵀY = (1 + 1e-6)²I, which the N×n polar removes and so must the compressed one)."""
+    from geoarray.manifolds.spectral import _series_degree, stiefel_spectral_direction, stiefel_spectral_step
 
     M = Stiefel(12, 4)
     Y = M.random(0, xp=xp, batch_shape=(3,), device=device)
     G = geoarray.random.normal(1, (3, 12, 4), xp=xp, device=device)
     B = geoarray.random.normal(2, (3, 4, 4), xp=xp, device=device)
     P0 = 0.1 * (B + xp.matrix_transpose(B))
-    for Yk in (Y, Y * (1 + 1e-6)):
-        A, P = stiefel_spectral_direction(Yk, G, P0=P0, n_iter=n_iter)
-        Y1, A1, P1 = stiefel_spectral_step(Yk, G, lr=0.07, P0=P0, n_iter=n_iter, return_direction=True)
-        assert_close(Y1, linalg.polar(Yk - 0.07 * A, method="eigh"), xp=xp, atol=1e-12)
-        assert_close(A1, A, xp=xp, atol=1e-12)
-        assert_close(P1, P, xp=xp, atol=1e-12)
-        assert_close(stiefel_spectral_step(Yk, G, lr=0.07, P0=P0, n_iter=n_iter)[0], Y1, xp=xp, atol=0)
+    eps = float(np.finfo(np.float64).eps)
+    assert [_series_degree(lr, eps) for lr in (0.003, 0.07, 0.4)] == [4, 8, None]
+    for lr in (0.003, 0.07, 0.4):
+        for Yk in (Y, Y * (1 + 1e-6)):
+            A, P = stiefel_spectral_direction(Yk, G, P0=P0, n_iter=n_iter)
+            Y1, A1, P1 = stiefel_spectral_step(Yk, G, lr=lr, P0=P0, n_iter=n_iter, return_direction=True)
+            assert_close(Y1, linalg.polar(Yk - lr * A, method="eigh"), xp=xp, atol=1e-12)
+            assert_close(A1, A, xp=xp, atol=1e-12)
+            assert_close(P1, P, xp=xp, atol=1e-12)
+            assert_close(stiefel_spectral_step(Yk, G, lr=lr, P0=P0, n_iter=n_iter)[0], Y1, xp=xp, atol=0)
     assert M.is_point(Y1, atol=1e-12)

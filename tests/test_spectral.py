@@ -149,12 +149,35 @@ def test_stiefel_direction_batched_equals_per_item_and_warm_start(xp, device):
         Ai, Pi = stiefel_spectral_direction(asarray(Y[i], xp, device), asarray(G[i], xp, device), n_iter=150)
         assert_close(A[i, ...], Ai, xp=xp, atol=1e-10)
         assert_close(P[i, ...], Pi, xp=xp, atol=1e-10)
+    # converged: a warm start needs no iteration, and the free gradient step leaves P where it is
     A0, P1 = stiefel_spectral_direction(asarray(Y, xp, device), asarray(G, xp, device), P0=P, n_iter=0)
     assert_close(A0, A, xp=xp, atol=1e-10)
-    assert_close(P1, P, xp=xp, atol=0.0)
+    assert_close(P1, P, xp=xp, atol=1e-12)
     # the manifold method delegates to the same solver
     Am, _ = Stiefel(8, 3).spectral_direction(asarray(Y, xp, device), asarray(G, xp, device), n_iter=150)
     assert_close(Am, A, xp=xp, atol=1e-14)
+
+
+def test_the_returned_dual_variable_is_the_next_iterate(xp, device):
+    """A* is evaluated at the n-th dual iterate P_n, and the P returned is P_{n+1}, the gradient step that the
+    same msign evaluation gives: so a call with n_iter = k warm-starting a call with n_iter = 0 is one call with
+    n_iter = k + 1 (A and P), and P_{n+1} lowers the dual value below P_n's (it is a descent step)."""
+    from geoarray.manifolds.spectral import stiefel_spectral_dual
+
+    rng = np.random.default_rng(8)
+    Y = asarray(np.stack([_frame(rng, 12, 4) for _ in range(2)]), xp, device)
+    G = asarray(rng.standard_normal((2, 12, 4)), xp, device)
+    for k in (0, 1, 3):
+        A_k, P_k1 = stiefel_spectral_direction(Y, G, n_iter=k)
+        A_chain, P_chain = stiefel_spectral_direction(Y, G, P0=P_k1, n_iter=0)
+        A_one, P_one = stiefel_spectral_direction(Y, G, n_iter=k + 1)
+        assert_close(A_chain, A_one, xp=xp, atol=1e-12)
+        assert_close(P_chain, P_one, xp=xp, atol=1e-12)
+        if k > 0:
+            _, P_k = stiefel_spectral_direction(Y, G, n_iter=k - 1)  # P_k, at which A_k was evaluated
+            dual_k, dual_k1 = (to_numpy(stiefel_spectral_dual(Y, G, Q)) for Q in (P_k, P_k1))
+            assert np.all(dual_k1 < dual_k)
+            assert np.all(to_numpy(xp.sum(G * A_k, axis=(-2, -1))) <= dual_k1 * (1 + 1e-12))
 
 
 def test_stiefel_direction_rejects_bad_input(xp, device):
@@ -199,21 +222,50 @@ def test_grassmann_equals_general_solver_when_constraints_coincide(xp, device):
 
 def test_spectral_step_compiles_once_for_a_learning_rate_schedule(backend, xp, device):
     """``lr`` is an array argument of the jitted step, not a static one: a schedule (a new lr every step)
-    reuses one compilation (400 recompilations made a Brockett test take minutes and crash XLA once)."""
+    reuses one compilation per degree of the (XᵀX)^{-1/2} series (400 recompilations made a Brockett test
+    take minutes and crash XLA once). The degree, a static argument, takes three values and the eigh: a
+    schedule from 0.2 down to 1e-3 compiles at most four times, one within a degree's range once."""
     if backend.kind != "jax":
         pytest.skip("jax.jit compilation caches exist on the jax backend only")
     from geoarray import _backend
     from geoarray.manifolds import spectral
 
     rng = np.random.default_rng(0)
-    Y = asarray(np.linalg.qr(rng.standard_normal((8, 2)))[0], xp, device)
+    Y0 = asarray(np.linalg.qr(rng.standard_normal((8, 2)))[0], xp, device)
     G = asarray(rng.standard_normal((8, 2)), xp, device)
-    jitted = _backend._jax_jit(spectral._stiefel_step, ("xp", "n_iter", "step", "direction"))
-    before = jitted._cache_size()  # other tests may have compiled it for their shapes already
-    P = None
-    for lr in (0.1, 0.05, 0.02):
-        Y, P = spectral.stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=2)
-    assert jitted._cache_size() - before <= 1  # at most this shape's first compilation, not one per lr
+    jitted = _backend._jax_jit(spectral._stiefel_step, ("xp", "n_iter", "step", "direction", "degree"))
+    eps = float(np.finfo(np.float64).eps)
+    for schedule, most in (([0.02, 0.015, 0.01, 0.006], 1), (list(np.geomspace(0.2, 1e-3, 12)), 4)):
+        assert len({spectral._series_degree(float(lr), eps) for lr in schedule}) == most
+        before = jitted._cache_size()  # other tests may have compiled it for their shapes already
+        Y, P = Y0, None
+        for lr in schedule:
+            Y, P = spectral.stiefel_spectral_step(Y, G, lr=float(lr), P0=P, n_iter=2)
+        assert jitted._cache_size() - before <= most
+
+
+@pytest.mark.parametrize("r", [1e-4, 3e-3, 0.05])
+def test_inverse_square_root_series_error_is_within_its_bound(xp, device, r):
+    """The truncated binomial series for (I + E)^{-1/2} that the compressed polar step uses differs from the
+    eigendecomposition's by at most r^{k+1}/(1 − r) for ‖E‖₂ = r (plus rounding), at the degrees 2, 4, 8,
+    batched; and the degree chosen for an lr meets ε/4 at r = lr² + √ε."""
+    from geoarray.manifolds.spectral import _inv_sqrt_near_identity, _inv_sqrt_psd, _series_degree
+
+    rng = np.random.default_rng(13)
+    B = rng.standard_normal((3, 6, 6))
+    E = B + np.swapaxes(B, -1, -2)
+    E *= r / np.linalg.norm(E, 2, axis=(-2, -1))[:, None, None]
+    exact, _ = _inv_sqrt_psd(asarray(np.eye(6) + E, xp, device), xp)
+    for k in (2, 4, 8):
+        series = _inv_sqrt_near_identity(asarray(E, xp, device), k, xp)
+        err = np.max(np.linalg.norm(to_numpy(series) - to_numpy(exact), 2, axis=(-2, -1)))
+        assert err <= r ** (k + 1) / (1 - r) + 1e-14
+        assert err > 0.1 * r ** (k + 1) or r ** (k + 1) < 1e-13  # the bound is not loose by orders
+    eps = float(np.finfo(np.float64).eps)
+    for lr in (1e-3, 5e-3, 0.05, 0.1):
+        k = _series_degree(lr, eps)
+        rr = lr * lr + eps**0.5
+        assert k is None or rr ** (k + 1) / (1 - rr) <= eps / 4
 
 
 def test_inv_sqrt_of_a_zero_gram_is_zero_without_warnings(xp, device):

@@ -20,6 +20,7 @@ Heavy backends (torch, jax, cupy) are never imported here; their presence is rea
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -514,6 +515,70 @@ def _triu_inverse_jax(U: Array) -> Array:
 
     eye = jnp.broadcast_to(jnp.eye(U.shape[-1], dtype=U.dtype), U.shape)
     return jax.lax.linalg.triangular_solve(U, eye, left_side=True, lower=False)
+
+
+# C + α·A@B ---------------------------------------------------------------------------------------
+# torch's addmm/baddbmm add the product into C inside the GEMM (β = 1): one N×n pass and one
+# temporary fewer than A@B followed by an addition (4096×128·128×128 float32: 1.6 ms → 1.4 ms).
+# NumPy exposes no GEMM with β, and XLA fuses the addition by itself.
+
+
+@register_fast_path("addmm", "torch")
+def _addmm_torch(C: Array, A: Array, B: Array, alpha: float) -> Array:
+    import torch
+
+    if C.ndim == A.ndim == B.ndim == 2:
+        return torch.addmm(C, A, B, alpha=alpha)
+    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    shape = (*batch, A.shape[-2], B.shape[-1])
+    if tuple(C.shape) != shape or not batch:
+        return NotImplemented
+    size = math.prod(batch)  # not -1: a dimension of size 0 would leave it ambiguous
+    A3 = A.expand(*batch, *A.shape[-2:]).reshape(size, *A.shape[-2:])
+    B3 = B.expand(*batch, *B.shape[-2:]).reshape(size, *B.shape[-2:])
+    return torch.baddbmm(C.reshape(size, *shape[-2:]), A3, B3, alpha=alpha).reshape(shape)
+
+
+def addmm(C: Array, A: Array, B: Array, xp: Namespace, *, alpha: float = 1.0) -> Array:
+    """C + α·(A @ B), with the addition inside the GEMM where the backend has one (torch).
+
+    ``C`` has the shape of the (broadcast) product; ``alpha`` is a Python float.
+    """
+    native = fast_path("addmm", xp)
+    if native is not None:
+        out = native(C, A, B, alpha)
+        if out is not NotImplemented:
+            return out
+    if alpha == 1.0:
+        return C + A @ B
+    if alpha == -1.0:
+        return C - A @ B
+    return C + alpha * (A @ B)
+
+
+# a + w·(b − a) -----------------------------------------------------------------------------------
+# torch.lerp is one pass and one temporary instead of three (sub, mul, add); on a 4096×128 momentum
+# buffer the EMA and Nesterov updates of Muon take two passes instead of five. It is also the form
+# torch.optim.Muon uses (buf.lerp_(g, 1 − μ), g.lerp(buf, μ)).
+
+
+@register_fast_path("lerp", "torch")
+def _lerp_torch(a: Array, b: Array, weight: float) -> Array:
+    import torch
+
+    if a.shape != b.shape:
+        return NotImplemented
+    return torch.lerp(a, b, weight)
+
+
+def lerp(a: Array, b: Array, weight: float, xp: Namespace) -> Array:
+    """a + weight·(b − a) for a Python float ``weight`` (one fused pass where the backend has it: torch)."""
+    native = fast_path("lerp", xp)
+    if native is not None:
+        out = native(a, b, weight)
+        if out is not NotImplemented:
+            return out
+    return a + weight * (b - a)
 
 
 # Householder QR (LAPACK geqrf convention: H_k = I - tau_k v_k v_kᵀ, v_k[k] = 1) ----------------

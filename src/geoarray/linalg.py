@@ -415,7 +415,7 @@ def apply_q(V: Array, T: Array, X: Array) -> Array:
     _check_wy(V, T, X, xp)
     if V.shape[-1] == 0:  # no reflectors: Q = I
         return X
-    return X - V @ (T @ (_mT(V, xp) @ X))
+    return _backend.addmm(X, V, T @ (_mT(V, xp) @ X), xp, alpha=-1.0)
 
 
 def apply_qt(V: Array, T: Array, X: Array) -> Array:
@@ -424,7 +424,7 @@ def apply_qt(V: Array, T: Array, X: Array) -> Array:
     _check_wy(V, T, X, xp)
     if V.shape[-1] == 0:  # no reflectors: Q = I
         return X
-    return X - V @ (_mT(T, xp) @ (_mT(V, xp) @ X))
+    return _backend.addmm(X, V, _mT(T, xp) @ (_mT(V, xp) @ X), xp, alpha=-1.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -85,14 +85,14 @@ class HouseholderSection(NamedTuple):
         """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] for D (..., N, k): the top block is YᵀD, the bottom Q⊥ᵀD."""
         mT = array_namespace(D=D, V=self.V).matrix_transpose
         n = self.Y.shape[-1]
-        QtD = D - self.V @ (mT(self.T) @ (mT(self.V) @ D))
+        QtD = _backend.addmm(D, self.V, mT(self.T) @ (mT(self.V) @ D), array_namespace(D=D), alpha=-1.0)
         return _scale_top_rows(QtD, self.signs, n)
 
     def apply(self, X: Array) -> Array:
         """λX = Q [S·X_top; X_bot] for X (..., N, k), in O(N·n·k)."""
         mT = array_namespace(X=X, V=self.V).matrix_transpose
         Z = _scale_top_rows(X, self.signs, self.Y.shape[-1])
-        return Z - self.V @ (self.T @ (mT(self.V) @ Z))
+        return _backend.addmm(Z, self.V, self.T @ (mT(self.V) @ Z), array_namespace(Z=Z), alpha=-1.0)
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀ D for D (..., N, k): the last N − n rows of Qᵀ D, in O(N·n·k)."""
@@ -100,7 +100,7 @@ class HouseholderSection(NamedTuple):
         n = self.Y.shape[-1]
         # rows n: of Qᵀ D = D − V Tᵀ (Vᵀ D); the top n rows are never formed
         mT = xp.matrix_transpose
-        return D[..., n:, :] - self.V[..., n:, :] @ (mT(self.T) @ (mT(self.V) @ D))
+        return _backend.addmm(D[..., n:, :], self.V[..., n:, :], mT(self.T) @ (mT(self.V) @ D), xp, alpha=-1.0)
 
     def perp(self, X: Array) -> Array:
         """Q⊥ X for X (..., N − n, k) = Q [0; X], in O(N·n·k)."""
@@ -108,9 +108,10 @@ class HouseholderSection(NamedTuple):
         n = self.Y.shape[-1]
         V, T = self.V, self.T
         # Q [0; X] = [0; X] − V T (V[n:]ᵀ X): only the lower block of V meets X
-        correction = V @ (T @ (xp.matrix_transpose(V[..., n:, :]) @ X))
         zeros = xp.zeros((*X.shape[:-2], n, X.shape[-1]), dtype=X.dtype, device=_device(X))
-        return xp.concat([zeros, X], axis=-2) - correction
+        return _backend.addmm(
+            xp.concat([zeros, X], axis=-2), V, T @ (xp.matrix_transpose(V[..., n:, :]) @ X), xp, alpha=-1.0
+        )
 
 
 class PackedHouseholderSection(NamedTuple):

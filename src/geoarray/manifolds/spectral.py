@@ -77,7 +77,7 @@ def _grams(Y: Array, G: Array, xp: Any) -> tuple[Array, ...]:
     # test of tests/test_muon.py, whose bound is 1e-12).
     mT = xp.matrix_transpose
     YtG = mT(Y) @ G
-    Gp = G - Y @ YtG
+    Gp = _backend.addmm(G, Y, YtG, xp, alpha=-1.0)
     C = mT(Gp) @ Gp
     return YtG, (YtG - mT(YtG)) / 2, Gp, (C + mT(C)) / 2
 
@@ -102,10 +102,47 @@ def _inv_sqrt_psd(gram: Array, xp: Any) -> tuple[Array, Array]:
     return (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V), lam
 
 
+# (1 + x)^{-1/2} = Σ_j c_j x^j, c_j = binom(−½, j) = (−1)^j (2j)! / (4^j (j!)²); |c_j| ≤ 1
+_INV_SQRT_SERIES = (1.0, -1 / 2, 3 / 8, -5 / 16, 35 / 128, -63 / 256, 231 / 1024, -429 / 2048, 6435 / 32768)
+
+
+def _series_degree(lr: float, eps: float) -> int | None:
+    # The degree k of the truncated series for (I + E)^{-1/2}, E = XᵀX − I of X = Y − lr·A with
+    # ‖A‖₂ ≤ 1 and A tangent: E = lr²AᵀA plus the drift terms of YᵀY − I, so ‖E‖₂ ≤ r = lr² + √ε as long
+    # as ‖YᵀY − I‖ stays below about √ε/3. The remainder is ≤ Σ_{j>k} r^j ≤ r^{k+1}/(1 − r); the
+    # smallest k of 2, 4, 8 with r^{k+1}/(1 − r) ≤ ε/4, or None (use eigh). Three degrees only, because k
+    # is a static argument of the compiled step: an lr schedule compiles it at most four times.
+    r = lr * lr + eps**0.5
+    for k in (2, 4, 8):
+        if r < 1 and r ** (k + 1) / (1 - r) <= eps / 4:
+            return k
+    return None
+
+
+def _inv_sqrt_near_identity(E: Array, degree: int, xp: Any) -> Array:
+    # (I + E)^{-1/2} ≈ I + E(c₁I + E(c₂I + … + c_k E)) by Horner: k − 1 products of n×n matrices
+    # instead of an eigh (see _series_degree for the error bound). E is symmetric, and so is the result.
+    n = E.shape[-1]
+    eye = linalg.eye(n, E)
+    c = _INV_SQRT_SERIES
+    acc = c[degree] * E
+    for j in range(degree - 1, 0, -1):
+        acc = E @ (acc + c[j] * eye)
+    return eye + acc
+
+
 def _inv_sqrt_gram(S: Array, C: Array, xp: Any) -> tuple[Array, Array]:
     # For M = [S; R] with RᵀR = C: H = (MᵀM)^{-1/2} on the range (zero on the numerical null space),
     # so msign(M) = [S H; R H]; also the squared singular values of M (ascending) from the same eigh.
     return _inv_sqrt_psd(xp.matrix_transpose(S) @ S + C, xp)
+
+
+def _dual_gradient_step(S: Array, P: Array, H: Array, sig2: Array, step: float, xp: Any) -> tuple[Array, Array]:
+    # W₁ = S H (the top block of msign([S; R]) for S = K + P) and the gradient step on the compressed dual,
+    # P − step·σ_min([S; R])·sym(W₁), with the ½ of sym folded into the scalar
+    W1 = S @ H
+    scale = (step / 2) * xp.sqrt(xp.clip(sig2[..., :1], min=0.0))
+    return W1, P - (W1 + xp.matrix_transpose(W1)) * scale[..., None]
 
 
 def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> Array:
@@ -115,9 +152,7 @@ def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: f
     def body(_, P):
         S = K + P
         H, sig2 = _inv_sqrt_gram(S, C, xp)
-        W1 = S @ H
-        # σ_min·sym(W₁), with the ½ of sym folded into the scalar
-        return P - (W1 + xp.matrix_transpose(W1)) * ((step / 2) * xp.sqrt(xp.clip(sig2[..., :1], min=0.0)))[..., None]
+        return _dual_gradient_step(S, P, H, sig2, step, xp)[1]
 
     if _backend.is_jax(xp):
         # one compiled loop body instead of n_iter inlined copies
@@ -127,33 +162,43 @@ def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: f
     return P
 
 
-def _direction_blocks(K: Array, C: Array, P: Array, xp: Any) -> tuple[Array, Array]:
-    # A = [Y Q]·[W₁; R H]·s = Y·(s W₁) + G⊥·(s H): the n×n factors (s W₁, s H) of the direction at P.
+def _direction_blocks(K: Array, C: Array, P: Array, step: float, xp: Any) -> tuple[Array, Array, Array]:
+    # A = [Y Q]·[W₁; R H]·s = Y·(s W₁) + G⊥·(s H): the n×n factors (s W₁, s H) of the direction at P,
+    # and the next dual iterate, from the gradient step that this evaluation of msign gives for free
     S = K + P
-    H, _ = _inv_sqrt_gram(S, C, xp)
-    W1 = S @ H
+    H, sig2 = _inv_sqrt_gram(S, C, xp)
+    W1, P_next = _dual_gradient_step(S, P, H, sig2, step, xp)
     # the top block is skew at the optimum; projecting it makes A exactly tangent for any n_iter
     W1 = (W1 - xp.matrix_transpose(W1)) / 2
     # ‖W‖₂ for W = [W₁; R H]: WᵀW = W₁ᵀW₁ + H C H. The projection may lift it above 1 by O(‖sym W₁‖)
     # before convergence; rescaling keeps A feasible, so ⟨G, A⟩ ≤ ‖[K + P; R]‖_* is a true duality
     # gap at every n_iter. (The largest absolute row sum of WᵀW, a cheaper upper bound, doubled the
     # gap at 10–30 iterations for 3 % of the step's time: the exact norm stays.)
-    WtW = xp.matrix_transpose(W1) @ W1 + H @ C @ H
-    norm2 = xp.sqrt(xp.max(xp.linalg.eigvalsh(WtW), axis=-1))
+    HCH = H @ C @ H
+    norm2 = xp.sqrt(xp.max(xp.linalg.eigvalsh(xp.matrix_transpose(W1) @ W1 + HCH), axis=-1))
     scale = (1 / xp.maximum(norm2, xp.ones_like(norm2)))[..., None, None]
-    return W1 * scale, H * scale
+    return W1 * scale, H * scale, HCH * (scale * scale), P_next
 
 
 def _stiefel_solve(Y: Array, G: Array, P: Array, *, xp: Any, n_iter: int, step: float) -> tuple[Array, Array]:
     K, Gp, C = _compress(Y, G, xp)
     P = _dual_descent(K, C, P, xp=xp, n_iter=n_iter, step=step)
-    W1, H = _direction_blocks(K, C, P, xp)
+    W1, H, _, P = _direction_blocks(K, C, P, step, xp)
     # [Y Q]·[W₁; R H] = Y W₁ + G⊥ H: Q is never needed
     return Y @ W1 + Gp @ H, P
 
 
 def _stiefel_step(
-    Y: Array, G: Array, P: Array, lr: Array, *, xp: Any, n_iter: int, step: float, direction: bool
+    Y: Array,
+    G: Array,
+    P: Array,
+    lr: Array,
+    *,
+    xp: Any,
+    n_iter: int,
+    step: float,
+    direction: bool,
+    degree: int | None,
 ) -> tuple[Array, ...]:
     # Same K, C and P as _stiefel_solve; then X = Y − lr·A = Y B₁ + G⊥ B₂ with the n×n blocks
     # B₁ = I − lr·W₁, B₂ = −lr·H, and polar(X) = X (XᵀX)^{-1/2} = Y (B₁ Z) + G⊥ (B₂ Z) with
@@ -166,15 +211,19 @@ def _stiefel_step(
     E = xp.matrix_transpose(Y) @ Y
     F = YtG - E @ YtG
     P = _dual_descent(K, C, P, xp=xp, n_iter=n_iter, step=step)
-    W1, H = _direction_blocks(K, C, P, xp)
+    W1, H, HCH, P = _direction_blocks(K, C, P, step, xp)
     n = Y.shape[-1]
     B1 = linalg.eye(n, Y) - lr * W1
     B2 = -lr * H
     B1t = xp.matrix_transpose(B1)
-    cross = B1t @ F @ B2
-    gram = B1t @ E @ B1 + cross + xp.matrix_transpose(cross) + xp.matrix_transpose(B2) @ C @ B2
-    Z, _ = _inv_sqrt_psd(gram, xp)
-    Y_new = Y @ (B1 @ Z) + Gp @ (B2 @ Z)
+    cross = B1t @ (F @ B2)
+    # B₂ᵀCB₂ = lr²·(sH)C(sH), already formed for ‖W‖₂
+    gram = B1t @ (E @ B1) + cross + xp.matrix_transpose(cross) + (lr * lr) * HCH
+    if degree is None:
+        Z, _ = _inv_sqrt_psd(gram, xp)
+    else:
+        Z = _inv_sqrt_near_identity(gram - linalg.eye(n, Y), degree, xp)
+    Y_new = _backend.addmm(Y @ (B1 @ Z), Gp, B2 @ Z, xp)
     if direction:
         return Y_new, Y @ W1 + Gp @ H, P
     return Y_new, P
@@ -188,32 +237,35 @@ def stiefel_spectral_direction(
     Solves max ⟨G, A⟩ s.t. ‖A‖₂ ≤ 1, YᵀA + AᵀY = 0 through the compressed dual
     min_{P = Pᵀ} ‖[K + P; R]‖_* (K = skew(YᵀG), G − YYᵀG = QR; see the module docstring) by
     gradient descent P ← P − step·σ_min([K + P; R])·sym(W₁), W = msign([K + P; R]), ``n_iter``
-    times from ``P0`` (zero by default), and returns A = [Y Q]·[skew(W₁); W₂]/max(1, ‖·‖₂) and P.
-    For any ``n_iter`` A is feasible (tangent to rounding, ‖A‖₂ ≤ 1) and ⟨G, A⟩ ≤ ‖[K + P; R]‖_*
-    (:func:`stiefel_spectral_dual`); the difference, the duality gap, bounds the suboptimality and
-    vanishes as P converges.
+    times from P₀ = ``P0`` (zero by default). It returns A = [Y Q]·[skew(W₁); W₂]/max(1, ‖·‖₂)
+    evaluated at the last iterate P_n, and P_{n+1}: the gradient step that the same evaluation of msign
+    gives for free. Passed back as ``P0``, it continues the same sequence (``n_iter = k`` followed by
+    ``n_iter = 0`` is ``n_iter = k + 1``), so every ``eigh`` advances the dual.
+    For any ``n_iter`` A is feasible (tangent to rounding, ‖A‖₂ ≤ 1) and ⟨G, A⟩ ≤ ‖[K + P; R]‖_* for
+    every symmetric P (:func:`stiefel_spectral_dual`); the difference, the duality gap, bounds the
+    suboptimality and vanishes as P converges.
 
     Step size: the Hessian of the nuclear norm at a full-rank M is bounded by 1/σ_min(M), so
     ``step = 1`` (P ← P − σ_min·∇f, the 1/L step) is the default; the ½σ_min of the published
     prototype converges about twice as slowly. Accuracy (float64, from P = 0, Y and G Gaussian,
-    relative duality gap (‖[K+P;R]‖_* − ⟨G, A⟩)/‖[K+P;R]‖_*, median over 20 draws):
+    relative duality gap (‖[K+P;R]‖_* − ⟨G, A⟩)/‖[K+P;R]‖_* with the P returned, median over 20 draws):
 
     =========  ========  =======  =======  =======  =======
     N×n        step      10 it.   30 it.   100 it.  200 it.
     =========  ========  =======  =======  =======  =======
-    16×4       1         1e-5     1e-10    7e-16    5e-16
-    32×5       1         5e-6     1e-12    8e-16    7e-16
-    49×7       1         7e-6     2e-12    9e-16    1e-15
-    64×16      1         5e-4     2e-7     2e-15    2e-15
-    16×4       ½         9e-4     2e-6     9e-14    7e-16
-    49×7       ½         7e-4     5e-7     1e-15    1e-15
-    64×16      ½         6e-3     1e-4     4e-9     3e-15
+    16×4       1         5e-5     2e-10    6e-16    4e-16
+    32×5       1         2e-6     3e-13    7e-16    7e-16
+    49×7       1         2e-6     2e-13    1e-15    8e-16
+    64×16      1         6e-4     6e-7     2e-15    2e-15
+    16×4       ½         2e-3     1e-5     1e-13    4e-16
+    49×7       ½         4e-4     4e-7     1e-15    1e-15
+    64×16      ½         6e-3     2e-4     3e-9     3e-15
     =========  ========  =======  =======  =======  =======
 
     Warm start: pass the P returned at the previous optimizer step as ``P0`` (momentum changes
-    slowly, so far fewer iterations are needed). Cost: O(N·n²) for YᵀG, G⊥ and G⊥ᵀG⊥ (no QR), then one
-    n×n ``eigh`` per iteration; batched over leading dimensions, a fixed number of iterations
-    (``lax.fori_loop`` on JAX), no host synchronisation on array values.
+    slowly, so far fewer iterations are needed). Cost: O(N·n²) for YᵀG, G⊥ and G⊥ᵀG⊥ (no QR), then
+    ``n_iter + 1`` n×n ``eigh`` and one ``eigvalsh`` (for ‖W‖₂); batched over leading dimensions, a
+    fixed number of iterations (``lax.fori_loop`` on JAX), no host synchronisation on array values.
     """
     xp = _check(Y, G, P0)
     if not isinstance(n_iter, int) or n_iter < 0:
@@ -248,8 +300,12 @@ def stiefel_spectral_step(
 
     E = YᵀY, F = YᵀG⊥, C = G⊥ᵀG⊥ — the polar factor X(XᵀX)^{-1/2} with XᵀX assembled from n×n
     pieces, the same formula as ``linalg.polar(Y − lr·A, method="eigh")`` (tested equal to 1e-12),
-    including the removal of any drift of YᵀY from I. Cost: six O(N·n²) products (YᵀG, YYᵀG, G⊥ᵀG⊥,
-    YᵀY and the two of Y_new) instead of seven, A itself (two more) only if ``return_direction``.
+    including the removal of any drift of YᵀY from I. Because ‖A‖₂ ≤ 1 and A is tangent, XᵀX = I + lr²AᵀA
+    up to that drift, so Z is the binomial series I − E'/2 + 3E'²/8 − … of E' = XᵀX − I truncated where its
+    remainder is below ε/4 (degree 2, 4 or 8, chosen on the host from lr and the dtype: float32 at
+    lr = 0.01 takes degree 2, one n×n product), and an ``eigh`` only for larger steps (float64 lr > 0.12).
+    Cost: six O(N·n²) products (YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new) instead of seven, A
+    itself (two more) only if ``return_direction``; ``n_iter + 1`` n×n ``eigh`` and one ``eigvalsh``.
 
     Returns (Y_new, P), or (Y_new, A*, P) with ``return_direction=True``.
     """
@@ -264,8 +320,9 @@ def stiefel_spectral_step(
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
     # lr is an array argument, not a static one: a schedule would otherwise recompile every step on JAX
     lr_arr = xp.asarray(float(lr), dtype=Y.dtype, device=_backend.device(Y))
-    return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "direction")(
-        Y, G, P, lr_arr, xp=xp, n_iter=n_iter, step=float(step), direction=bool(return_direction)
+    degree = _series_degree(float(lr), xp.finfo(Y.dtype).eps)
+    return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "direction", "degree")(
+        Y, G, P, lr_arr, xp=xp, n_iter=n_iter, step=float(step), direction=bool(return_direction), degree=degree
     )
 
 

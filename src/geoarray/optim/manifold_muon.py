@@ -102,8 +102,10 @@ class ManifoldMuon(_MatrixGrouping):
     retraction : {"polar", "geodesic", "cayley"}
         polar(Y − ηA*) (default), or exp/Cay of the lift of −ηA* to g^hor with a Householder section.
     dual_iterations : int
-        Warm-started dual iterations per Stiefel step (default 2; see
-        :func:`geoarray.optim.muon.manifold_muon_step` for the accuracy this buys).
+        Warm-started dual iterations per Stiefel step before the direction is taken (default 1; 0 takes
+        it at the warm start). The dual advances once more from the direction's own msign, so a step
+        costs ``dual_iterations + 1`` n×n ``eigh``; see :func:`geoarray.optim.muon.manifold_muon_step`
+        for the accuracy this buys.
     ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype :
         Muon's Newton–Schulz options for the Euclidean matrix leaves.
     """
@@ -116,7 +118,7 @@ class ManifoldMuon(_MatrixGrouping):
         weight_decay: float = 0.0,
         *,
         retraction: str = "polar",
-        dual_iterations: int = 2,
+        dual_iterations: int = 1,
         ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
         eps: float = 1e-7,
         ns_steps: int = 5,
@@ -128,8 +130,8 @@ class ManifoldMuon(_MatrixGrouping):
             raise ValueError(f"lr must be a positive number, got {lr!r}")
         if retraction not in _RETRACTIONS:
             raise ValueError(f"retraction must be one of {_RETRACTIONS}, got {retraction!r}")
-        if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 1:
-            raise ValueError(f"dual_iterations must be a positive int, got {dual_iterations!r}")
+        if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:
+            raise ValueError(f"dual_iterations must be a non-negative int, got {dual_iterations!r}")
         self.lr, self.momentum, self.nesterov = float(lr), _check_unit_interval(momentum, "momentum"), bool(nesterov)
         self.weight_decay, self.dual_iterations, self.retraction_name = float(weight_decay), dual_iterations, retraction
         euclidean = muon(
@@ -180,11 +182,9 @@ class ManifoldMuon(_MatrixGrouping):
                 buffers.append(buf)  # Muon keeps its own buffer
                 duals.append(P)
                 continue
-            # B ← B + (1 − μ)(G − B) and U = G + μ(B − G) = G − μ²(G − B_old): d = G − B_old is shared,
-            # five N×n passes instead of six
-            d = G - buf
-            buf = buf + (1.0 - mu) * d
-            U = G - (mu * mu) * d if self.nesterov else buf
+            # B ← B + (1 − μ)(G − B) and U = G + μ(B − G), as torch.optim.Muon writes them
+            buf = _backend.lerp(buf, G, 1.0 - mu, xp)
+            U = _backend.lerp(G, buf, mu, xp) if self.nesterov else buf
             if isinstance(M, Stiefel) and self.retraction_name == "polar":
                 # direction and polar retraction in the compressed n×n coordinates: equal to
                 # polar(Y − lr·A*) (tests/test_manifold_muon.py), six O(N·n²) products instead of seven
