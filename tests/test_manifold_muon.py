@@ -78,6 +78,26 @@ def test_bad_leaves_are_refused_naming_them(xp, device):
         optim.ManifoldMuon().init({"S": Sp.random(0, xp=xp, device=device)}, {"S": Sp})
     with pytest.raises(ValueError, match="retraction must be one of"):
         optim.ManifoldMuon(retraction="qr")
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="dual_iterations must be a non-negative int"):
+            optim.ManifoldMuon(dual_iterations=bad)
+
+
+@pytest.mark.parametrize("dual_iterations", [0, 1, 3])
+def test_the_dual_variable_is_carried_between_steps(xp, device, dual_iterations):
+    """ManifoldMuon (momentum 0) over three steps equals chaining ``manifold_muon_step`` by hand with the
+    returned P passed back in: the state's dual warm-starts the next step, for any number of iterations."""
+    M = Stiefel(9, 3)
+    Y = M.random(3, xp=xp, batch_shape=(2,), device=device)
+    opt = optim.ManifoldMuon(lr=0.03, momentum=0.0, nesterov=False, dual_iterations=dual_iterations)
+    params, state = {"Y": Y}, opt.init({"Y": Y}, {"Y": M})
+    Y_ref, P = Y, None
+    for t in range(3):
+        G = geoarray.random.normal(20 + t, (2, 9, 3), xp=xp, device=device)
+        params, state = opt.update(params, {"Y": G}, state)
+        Y_ref, _, P = manifold_muon_step(M, Y_ref, G, P, lr=0.03, n_iter=dual_iterations)
+        assert_close(params["Y"], Y_ref, xp=xp, atol=1e-13)
+        assert_close(state.duals[0], P, xp=xp, atol=1e-13)
 
 
 def test_partition_of_manifold_muon_and_adam(xp, device, backend):

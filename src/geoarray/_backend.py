@@ -556,6 +556,28 @@ def addmm(C: Array, A: Array, B: Array, xp: Namespace, *, alpha: float = 1.0) ->
     return C + alpha * (A @ B)
 
 
+# A @ B for batches of small tall products -------------------------------------------------------
+# torch's CPU bmm makes one GEMM call per matrix, and for a tall (m ≫ n) small product that call is
+# several times slower than the transposed one (Bᵀ Aᵀ, whose long dimension is the output's columns):
+# (336, 42, 7) @ (336, 7, 7) float32 takes 276 µs, (Bᵀ Aᵀ)ᵀ on strided views 84 µs, the ViT step's
+# (336, 14, 14) @ (336, 14, 7) 148 µs and 69 µs. Single 2-D products and wide or square ones gain
+# nothing (4096×128·128×128: 1.40 ms and 1.54 ms), so only batched tall small ones take this path.
+
+
+@register_fast_path("matmul", "torch")
+def _matmul_torch(A: Array, B: Array) -> Array:
+    if A.ndim < 3 or B.ndim < 2 or B.shape[-1] > 32 or A.shape[-2] < 2 * B.shape[-1]:
+        return A @ B
+    return (B.mT @ A.mT).mT
+
+
+def matmul(A: Array, B: Array, xp: Namespace) -> Array:
+    """A @ B, for a batch of small tall products computed as (Bᵀ Aᵀ)ᵀ where that is faster (torch: the
+    result is a transposed view)."""
+    native = fast_path("matmul", xp)
+    return A @ B if native is None else native(A, B)
+
+
 # a + w·(b − a) -----------------------------------------------------------------------------------
 # torch.lerp is one pass and one temporary instead of three (sub, mul, add); on a 4096×128 momentum
 # buffer the EMA and Nesterov updates of Muon take two passes instead of five. It is also the form

@@ -147,13 +147,13 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
         c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
         D = xp.linalg.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c)
         D_top, D_bot = D[..., :k, :], D[..., k:, :]
-        return eye + halfA @ D_top + D_bot, B @ D_top
+        return eye + halfA @ D_top + D_bot, _backend.matmul(B, D_top, xp)
     low = halfA @ halfA - gram
     n_low = _norm1(low, xp)
     ok = n_low > 0
     alpha = xp.sqrt(xp.where(ok, n_low, xp.ones_like(n_low)))[..., None, None]
     Xb = xp.concat([xp.concat([halfA, alpha * eye], axis=-1), xp.concat([low / alpha, halfA], axis=-1)], axis=-2)
     U = _phi1_scaled(Xb, _norm1(halfA, xp) + alpha[..., 0, 0], xp, max_doublings)
-    D = U @ xp.concat([eye, halfA / alpha], axis=-2)
+    D = _backend.matmul(U, xp.concat([eye, halfA / alpha], axis=-2), xp)
     D_top, D_bot = D[..., :k, :], alpha * D[..., k:, :]
-    return eye + halfA @ D_top + D_bot, B @ D_top
+    return eye + halfA @ D_top + D_bot, _backend.matmul(B, D_top, xp)

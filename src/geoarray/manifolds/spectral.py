@@ -162,9 +162,10 @@ def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: f
     return P
 
 
-def _direction_blocks(K: Array, C: Array, P: Array, step: float, xp: Any) -> tuple[Array, Array, Array]:
+def _direction_blocks(K: Array, C: Array, P: Array, step: float, xp: Any) -> tuple[Array, Array, Array, Array]:
     # A = [Y Q]·[W₁; R H]·s = Y·(s W₁) + G⊥·(s H): the n×n factors (s W₁, s H) of the direction at P,
-    # and the next dual iterate, from the gradient step that this evaluation of msign gives for free
+    # (sH)C(sH) (the polar step's B₂ᵀCB₂ up to lr²), and the next dual iterate, from the gradient step
+    # that this evaluation of msign gives for free
     S = K + P
     H, sig2 = _inv_sqrt_gram(S, C, xp)
     W1, P_next = _dual_gradient_step(S, P, H, sig2, step, xp)
