@@ -83,6 +83,21 @@ def test_bad_leaves_are_refused_naming_them(xp, device):
             optim.ManifoldMuon(dual_iterations=bad)
 
 
+def test_a_large_drift_is_removed_in_two_steps(xp, device):
+    """The series for (XᵀX)^{-1/2} is exact to rounding only while ‖YᵀY − I‖ ≲ √ε; a larger drift d is
+    reduced to O((2d)^{k+1}) by one step and to rounding by the next (d = 1e-2, lr = 1e-3: degree 2)."""
+    from geoarray.manifolds.spectral import stiefel_spectral_step
+
+    Y = Stiefel(30, 5).random(0, xp=xp, device=device) * (1 + 1e-2)
+    G = geoarray.random.normal(1, (30, 5), xp=xp, device=device)
+    errors, P = [], None
+    for _ in range(2):
+        Y, P = stiefel_spectral_step(Y, G, lr=1e-3, P0=P, n_iter=1)
+        errors.append(float(np.abs(to_numpy(xp.matrix_transpose(Y) @ Y) - np.eye(5)).max()))
+    assert errors[0] < 1e-4
+    assert errors[1] < 1e-13
+
+
 @pytest.mark.parametrize("dual_iterations", [0, 1, 3])
 def test_the_dual_variable_is_carried_between_steps(xp, device, dual_iterations):
     """ManifoldMuon (momentum 0) over three steps equals chaining ``manifold_muon_step`` by hand with the

@@ -519,7 +519,8 @@ def _triu_inverse_jax(U: Array) -> Array:
 
 # C + α·A@B ---------------------------------------------------------------------------------------
 # torch's addmm/baddbmm add the product into C inside the GEMM (β = 1): one N×n pass and one
-# temporary fewer than A@B followed by an addition (4096×128·128×128 float32: 1.6 ms → 1.4 ms).
+# temporary fewer than A@B followed by an addition (one thread, float32: 4096×128·128×128 with the
+# subtraction 1.51 ms → 1.45 ms, 1024×64·64×64 101 µs → 94 µs).
 # NumPy exposes no GEMM with β, and XLA fuses the addition by itself.
 
 
@@ -561,12 +562,13 @@ def addmm(C: Array, A: Array, B: Array, xp: Namespace, *, alpha: float = 1.0) ->
 # several times slower than the transposed one (Bᵀ Aᵀ, whose long dimension is the output's columns):
 # (336, 42, 7) @ (336, 7, 7) float32 takes 276 µs, (Bᵀ Aᵀ)ᵀ on strided views 84 µs, the ViT step's
 # (336, 14, 14) @ (336, 14, 7) 148 µs and 69 µs. Single 2-D products and wide or square ones gain
-# nothing (4096×128·128×128: 1.40 ms and 1.54 ms), so only batched tall small ones take this path.
+# nothing (4096×128·128×128: 1.40 ms and 1.54 ms), so only batched tall small ones take this path, and
+# only on the CPU (measured there; cuBLAS takes transposed operands as flags).
 
 
 @register_fast_path("matmul", "torch")
 def _matmul_torch(A: Array, B: Array) -> Array:
-    if A.ndim < 3 or B.ndim < 2 or B.shape[-1] > 32 or A.shape[-2] < 2 * B.shape[-1]:
+    if A.ndim < 3 or B.ndim < 2 or B.shape[-1] > 32 or A.shape[-2] < 2 * B.shape[-1] or A.device.type != "cpu":
         return A @ B
     return (B.mT @ A.mT).mT
 

@@ -83,16 +83,17 @@ class HouseholderSection(NamedTuple):
 
     def coords(self, D: Array) -> Array:
         """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] for D (..., N, k): the top block is YᵀD, the bottom Q⊥ᵀD."""
-        mT = array_namespace(D=D, V=self.V).matrix_transpose
+        xp = array_namespace(D=D, V=self.V)
+        mT = xp.matrix_transpose
         n = self.Y.shape[-1]
-        QtD = _backend.addmm(D, self.V, mT(self.T) @ (mT(self.V) @ D), array_namespace(D=D), alpha=-1.0)
+        QtD = _backend.addmm(D, self.V, mT(self.T) @ (mT(self.V) @ D), xp, alpha=-1.0)
         return _scale_top_rows(QtD, self.signs, n)
 
     def apply(self, X: Array) -> Array:
         """λX = Q [S·X_top; X_bot] for X (..., N, k), in O(N·n·k)."""
-        mT = array_namespace(X=X, V=self.V).matrix_transpose
+        xp = array_namespace(X=X, V=self.V)
         Z = _scale_top_rows(X, self.signs, self.Y.shape[-1])
-        return _backend.addmm(Z, self.V, self.T @ (mT(self.V) @ Z), array_namespace(Z=Z), alpha=-1.0)
+        return _backend.addmm(Z, self.V, self.T @ (xp.matrix_transpose(self.V) @ Z), xp, alpha=-1.0)
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀ D for D (..., N, k): the last N − n rows of Qᵀ D, in O(N·n·k)."""

@@ -300,11 +300,15 @@ def stiefel_spectral_step(
         polar(Y − lr·A) = Y (B₁ Z) + G⊥ (B₂ Z),   Z = (B₁ᵀEB₁ + B₁ᵀFB₂ + B₂ᵀFᵀB₁ + B₂ᵀCB₂)^{-1/2},
 
     E = YᵀY, F = YᵀG⊥, C = G⊥ᵀG⊥ — the polar factor X(XᵀX)^{-1/2} with XᵀX assembled from n×n
-    pieces, the same formula as ``linalg.polar(Y − lr·A, method="eigh")`` (tested equal to 1e-12),
-    including the removal of any drift of YᵀY from I. Because ‖A‖₂ ≤ 1 and A is tangent, XᵀX = I + lr²AᵀA
-    up to that drift, so Z is the binomial series I − E'/2 + 3E'²/8 − … of E' = XᵀX − I truncated where its
-    remainder is below ε/4 (degree 2, 4 or 8, chosen on the host from lr and the dtype: float32 at
-    lr = 0.01 takes degree 2, one n×n product), and an ``eigh`` only for larger steps (float64 lr > 0.12).
+    pieces, the same formula as ``linalg.polar(Y − lr·A, method="eigh")`` (tested equal to 1e-12).
+    Because ‖A‖₂ ≤ 1 and A is tangent, XᵀX = I + lr²AᵀA up to the drift of YᵀY from I, so Z is the
+    binomial series I − E'/2 + 3E'²/8 − … of E' = XᵀX − I truncated where its remainder is below ε/4
+    (degree 2, 4 or 8, chosen on the host from lr and the dtype: float32 at lr = 0.01 takes degree 2,
+    one n×n product), and an ``eigh`` only for larger steps (float64 lr > 0.12). The bound assumes
+    ‖YᵀY − I‖ ≲ √ε, which every step restores; a larger drift d is removed to O((2d)^{k+1}) in one step
+    and to rounding in the next (float64, St(60, 8), lr = 1e-3, degree 2: d = 1e-3 gives
+    max|YᵀY − I| = 5e-9, then 7e-16; d = 1e-2 gives 5e-6, then 9e-16; lr = 5e-3, degree 4, d = 1e-2:
+    2e-9, then 7e-16). The eigh route removes any drift in one step.
     Cost: six O(N·n²) products (YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new) instead of seven, A
     itself (two more) only if ``return_direction``; ``n_iter + 1`` n×n ``eigh`` and one ``eigvalsh``.
 

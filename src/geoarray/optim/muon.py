@@ -273,7 +273,9 @@ def manifold_muon_step(
     rank because its Gram matrix is I + lr²A*ᵀA* ⪰ I (the cross terms −lr(YᵀA* + A*ᵀY) vanish for a
     Stiefel tangent and YᵀA* = 0 on Grassmann). Its singular values lie in [1, (1 + lr²)^{1/2}],
     so the fast Gram-matrix route of :func:`geoarray.linalg.polar` (``method="eigh"``) is exact to
-    rounding here, and Y_new is orthonormal to rounding whatever the drift of Y.
+    rounding here, and Y_new is orthonormal to rounding whatever the drift of Y on Grassmann. On
+    Stiefel (XᵀX)^{-1/2} is a truncated series near I (:func:`geoarray.manifolds.spectral.stiefel_spectral_step`):
+    exact to rounding while ‖YᵀY − I‖ ≲ √ε, and a larger drift is gone after two steps.
 
     Stiefel: the dual variable P (None or (..., n, n)) warm-starts ``n_iter`` dual iterations, the
     direction is evaluated at the last iterate, and the P returned has taken one more gradient step
