@@ -124,6 +124,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("addmm") == ["torch"]
     assert _backend.fast_path_backends("lerp") == ["torch"]
     assert _backend.fast_path_backends("matmul") == ["torch"]
+    assert _backend.fast_path_backends("split") == ["torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -152,10 +153,26 @@ def test_addmm_and_lerp_equal_their_generic_forms(xp, device, backend):
     a, b = arr(2, 9, 4), arr(2, 9, 4)
     for w in (0.0, 0.05, 0.95, 1.0):
         assert_close(_backend.lerp(a, b, w, xp), a + w * (b - a), xp=xp, atol=1e-14)
+    for w in (0.05, 1.0):  # a 0-d array weight (Adam's bias-corrected factor)
+        w_arr = xp.asarray(w, dtype=a.dtype, device=device)
+        assert_close(_backend.lerp(a, b, w_arr, xp), a + w * (b - a), xp=xp, atol=1e-14)
     a1 = arr(9, 4)  # broadcast: torch.lerp is declined, the generic form runs
     assert_close(_backend.lerp(a1, b, 0.3, xp), a1 + 0.3 * (b - a1), xp=xp, atol=1e-14)
     native = _backend.fast_path("addmm", xp)
     assert (native is None) == (backend.kind != "torch")
+
+
+def test_split_gives_the_consecutive_slices(xp, device, backend):
+    """``_backend.split`` (torch: one ``torch.split``) returns the same pieces as slicing, empty ones included."""
+    x = asarray(np.arange(12.0), xp, device)
+    sizes = [3, 0, 5, 4]
+    pieces = _backend.split(x, sizes, xp)
+    assert len(pieces) == len(sizes)
+    offset = 0
+    for piece, size in zip(pieces, sizes, strict=True):
+        assert_close(piece, x[offset : offset + size], xp=xp, atol=0)
+        offset += size
+    assert (_backend.fast_path("split", xp) is None) == (backend.kind != "torch")
 
 
 def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
@@ -173,8 +190,9 @@ def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 def test_all_finite_flags_every_kind_of_non_finite_entry(xp, device, dtype_name):
-    """``all_finite`` (the optimizers' skip check) is False for one NaN, +inf or −inf anywhere in a batched
-    array, and True for finite arrays whose sum overflows (largest finite values of the dtype), and for −0."""
+    """``all_finite`` (the optimizers' skip check) and ``all_finite_on_host`` (its eager form, over several
+    arrays) are False for one NaN, +inf or −inf anywhere in a batched array, and True for finite arrays
+    whose sum overflows (largest finite values of the dtype), and for −0."""
     dtype = getattr(xp, dtype_name)
     rng = np.random.default_rng(4)
     base = rng.standard_normal((3, 9, 5))
@@ -187,6 +205,10 @@ def test_all_finite_flags_every_kind_of_non_finite_entry(xp, device, dtype_name)
             x = base.copy()
             x[index] = bad
             assert not bool(_backend.all_finite(asarray(x, xp, device, dtype=dtype), xp)), (bad, index)
+            # the eager optimizers' host read over several groups: the bad entry in the second one
+            arrays = [asarray(big, xp, device, dtype=dtype), asarray(x, xp, device, dtype=dtype)]
+            assert _backend.all_finite_on_host(arrays, xp) is False, (bad, index)
+    assert _backend.all_finite_on_host([asarray(a, xp, device, dtype=dtype) for a in (big, base, -0.0 * base)], xp)
 
 
 def test_import_geoarray_imports_no_heavy_backend():

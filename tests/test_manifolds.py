@@ -316,6 +316,31 @@ def test_float32_phi1_is_accurate_to_float32_roundoff(xp, device, norm):
     assert rel < 2e-6 * max(1.0, norm / 4), rel
 
 
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name):
+    """Each Taylor rule (degree, chunk, θ) of φ₁ is accurate to a few unit roundoffs at ‖X‖₁ = θ (its
+    truncation error Σ_{k>m} θ^k/(k+1)! is below u), against the top float64 rule with scaling and
+    doubling; an eager call picks the lowest rule whose θ covers the largest bound (bit for bit), and
+    a bound beyond the last θ takes the scaled route."""
+    from geoarray.manifolds.retraction import _PHI1_RULES, _phi1_bounded, _phi1_scaled, _phi1_taylor
+
+    dtype = getattr(xp, dtype_name)
+    u = float(np.finfo(dtype_name).eps) / 2
+    X64 = geoarray.random.normal(5, (3, 8, 8), xp=xp, device=device)
+    X64 = X64 / xp.max(xp.sum(xp.abs(X64), axis=-2), axis=-1)[..., None, None]  # ‖X‖₁ = 1 per element
+    for rule in _PHI1_RULES[dtype_name]:
+        theta = rule[2]
+        ref = _phi1_scaled(theta * X64, xp.full((3,), theta, dtype=xp.float64, device=device), xp, 64)
+        X = xp.astype(theta * X64, dtype)
+        got = _phi1_taylor(X, xp, rule)
+        assert max_abs(xp.astype(got, xp.float64) - ref) < 8 * u, rule
+        bound = xp.full((3,), 0.999 * theta, dtype=dtype, device=device)  # below θ after rounding
+        assert_close(_phi1_bounded(X, bound, xp, 64), got, xp=xp, atol=0, dtype=dtype)
+    X = xp.astype(2.0 * X64, dtype)
+    bound = xp.full((3,), 2.0, dtype=dtype, device=device)
+    assert_close(_phi1_bounded(X, bound, xp, 64), _phi1_scaled(X, bound, xp, 64), xp=xp, atol=0, dtype=dtype)
+
+
 def test_retraction_and_section_trace_under_jax_jit(backend, xp, device):
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")

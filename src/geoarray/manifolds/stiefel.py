@@ -16,7 +16,8 @@ X = B″ᵀB′ = [[½A, I], [¼A² − BᵀB, ½A]]:
   by balancing, scaling and doubling instead of the paper's open Taylor loop (Algorithm 4, which
   loses orthogonality for ‖B‖ ≳ 40 and overflows near 700): with X_s = X/2ˢ, ‖X_s‖₁ ≤ θ, a
   Taylor polynomial (float64: degree 19, 7 matrix products; float32: degree 8, 4 products;
-  Paterson–Stockmeyer) gives φ₁(X_s) to unit roundoff, and the doubling identity
+  Paterson–Stockmeyer; an eager step of optimizer size, ‖X‖₁ ≤ 0.04 in float32 or 0.02 in
+  float64, takes degree 3 or 6 and no scaling) gives φ₁(X_s) to unit roundoff, and the doubling identity
   φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) undoes the scaling s times (see :func:`geoarray.manifolds.retraction.phi1`).
 * Cayley: Cay(W) = (I − ½W)⁻¹(I + ½W) = I + B′(I − ½X)⁻¹B″ᵀ (Woodbury), one 2n×2n solve.
 

@@ -42,8 +42,11 @@ one set per leaf. The user sees their own tree; the transform's state is stored 
 
 **Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
 parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
-(traceable); eager updates warn once (:class:`NonFiniteGradientWarning`) when they find skipped steps,
-checking at update calls 1, 2, 4, 8, … so that the check costs O(log steps) host reads; ``"raise"``
+(traceable). An eager update reads the finiteness flag to the host (one scalar, as its retraction
+does): a skipped step then computes nothing, a finite one needs no masking, and the first skipped
+step warns (:class:`NonFiniteGradientWarning`, once). Under ``jax.jit`` or ``torch.compile`` nothing is
+read: the step is computed and the old parameters and state are selected where the flag is false;
+``"raise"``
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
 ``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers).
 
@@ -157,6 +160,11 @@ def _is_manifold_leaf(x: Any) -> bool:
     return x is None or isinstance(x, Manifold)
 
 
+def _readable(flag: Array) -> bool:
+    """Whether ``update`` may read the finiteness flag to the host (eager) or must mask (traced)."""
+    return not _backend.is_traced(flag)
+
+
 def _path(path: tuple) -> str:
     return "params" + "".join(f"[{p!r}]" for p in path)
 
@@ -209,7 +217,6 @@ class RiemannianOptimizer:
         self.group_same_shape = bool(group_same_shape)
         self.seed = seed
         self._layout: Layout | None = None
-        self._eager_updates = 0  # for the non-finite warning's sparse checks (module docstring)
         self._warned_nonfinite = False
 
     def __repr__(self) -> str:
@@ -290,14 +297,12 @@ class RiemannianOptimizer:
         if group.kind == "single":
             out[group.indices[0]] = packed
         elif group.kind == "stack":
-            for k, i in enumerate(group.indices):
-                out[i] = packed[k, ...]
+            for i, leaf in zip(group.indices, xp.unstack(packed, axis=0), strict=True):
+                out[i] = leaf
         else:
-            offset = 0
-            for i in group.indices:
-                size = math.prod(shapes[i])
-                out[i] = xp.reshape(packed[offset : offset + size], shapes[i])
-                offset += size
+            parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
+            for i, part in zip(group.indices, parts, strict=True):
+                out[i] = xp.reshape(part, shapes[i])
 
     # -- sections ------------------------------------------------------------------------------------
 
@@ -428,10 +433,11 @@ class RiemannianOptimizer:
             )
         return leaves, gleaves, xp
 
-    def _finite(self, gleaves: list, packed: list, xp: Any) -> Array | None:
-        """The flag "every gradient is finite" (None: no check). Checked on the packed groups, so a
-        tree of many leaves costs a few reductions (369 ViT leaves: 2), not one per leaf; ``"raise"``
-        checks per leaf to name the culprits (eager only)."""
+    def _finite(self, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
+        """Whether every gradient is finite: a Python bool when eager (read to the host), a 0-d boolean
+        array when traced, None for no check. Checked on the packed groups, so a tree of many leaves
+        costs a few reductions (369 ViT leaves: 2), not one per leaf; ``"raise"`` checks per leaf to
+        name the culprits (eager only)."""
         if self.on_nonfinite == "ignore":
             return None
         if self.on_nonfinite == "raise":
@@ -440,6 +446,8 @@ class RiemannianOptimizer:
             if bad:
                 raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
             return None
+        if _readable(packed[0]):
+            return _backend.all_finite_on_host(packed, xp)
         finite = None
         for G in packed:
             flag = _backend.all_finite(G, xp)
@@ -453,11 +461,28 @@ class RiemannianOptimizer:
         structure, shapes and dtypes of ``params``.
         """
         leaves, gleaves, xp = self._check_update_inputs(params, grads, state)
+        new_leaves, new_state = self._update_leaves(leaves, gleaves, state, xp)
+        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
+        # made inside the traced call can rebuild the tree, one recorded by init cannot
+        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
+
+    def _update_leaves(self, leaves: list, gleaves: list, state: RiemannianState, xp: Any) -> tuple[list, Any]:
+        """The step of :meth:`update` on the flattened leaves, already checked against the layout
+        (``geoarray.torch``'s optimizers check their parameters themselves, once)."""
         layout = self.layout
         packed_grads = [self._pack(group, gleaves, xp) for group in layout.groups]
         finite = self._finite(gleaves, packed_grads, xp)
+        if isinstance(finite, bool):
+            # eager: the flag was read to the host (one scalar; a retraction reads one anyway), so a
+            # skipped step computes nothing and a finite one needs no masks (about 30 operations)
+            if not finite:
+                skipped = RiemannianState(state.step, _backend.as_array(state.skipped + 1), state.inner, state.sections)
+                self._warn_skipped(skipped)
+                return list(leaves), skipped
+            finite = None
         if finite is not None:
-            # zero the gradients of a skipped step so no NaN reaches LAPACK-backed kernels
+            # traced (jax.jit, torch.compile): no host reads; the step is computed and masked.
+            # Zero the gradients of a skipped step so no NaN reaches LAPACK-backed kernels
             packed_grads = [
                 xp.where(finite, G, xp.zeros((), dtype=G.dtype, device=_backend.device(G))) for G in packed_grads
             ]
@@ -505,11 +530,7 @@ class RiemannianOptimizer:
                 optree.tree_map(keep, new_state.inner, state.inner),
                 optree.tree_map(keep, new_state.sections, state.sections),
             )
-        if finite is not None:
-            self._warn_if_skipped(new_state)
-        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
-        # made inside the traced call can rebuild the tree, one recorded by init cannot
-        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
+        return new_leaves, new_state
 
     def _rotation(self, groups: tuple, carried: tuple, lams: list) -> Any:
         """The ``rotate(tree, degree)`` of the transforms' reframe rules: each ``"rotated"`` group's
@@ -531,24 +552,19 @@ class RiemannianOptimizer:
 
         return rotate
 
-    def _warn_if_skipped(self, state: RiemannianState) -> None:
-        """Warn once if steps were skipped; reads ``state.skipped`` at eager calls 1, 2, 4, 8, … only,
-        so a run pays O(log steps) host reads and jitted or compiled updates none."""
-        if self._warned_nonfinite or _backend.is_traced(state.skipped):
+    def _warn_skipped(self, state: RiemannianState) -> None:
+        """Warn at the first skipped eager update (traced updates cannot: ``state.skipped`` counts them)."""
+        if self._warned_nonfinite:
             return
-        self._eager_updates += 1
-        if self._eager_updates & (self._eager_updates - 1):
-            return
+        self._warned_nonfinite = True
         skipped = int(state.skipped)
-        if skipped:
-            self._warned_nonfinite = True
-            warnings.warn(
-                f"{skipped} of {int(state.step) + skipped} optimizer updates were skipped because a gradient was not "
-                "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
-                "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
-                NonFiniteGradientWarning,
-                stacklevel=3,
-            )
+        warnings.warn(
+            f"{skipped} of {int(state.step) + skipped} optimizer updates were skipped because a gradient was not "
+            "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
+            "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
+            NonFiniteGradientWarning,
+            stacklevel=4,
+        )
 
 
 def riemannian(

@@ -14,8 +14,9 @@ global tangent space representation g^hor. This module holds that cache logic an
 themselves). The returned updates are *added* to the parameters (optax's sign convention: the
 learning-rate scale multiplies by −η); :func:`geoarray.optim.riemannian` adds them on manifolds
 through the retraction. Every transform is written once against the array API, keeps its
-configuration out of the state (states hold arrays only) and reads no array value on the host, so
-``jax.jit`` and ``torch.compile`` trace it. Any optax transform obeys the same protocol and can be
+configuration out of the state (states hold arrays only) and reads no array value on the host when
+traced, so ``jax.jit`` and ``torch.compile`` trace it (eager, ``scale_by_adam`` reads its step counter,
+one scalar). Any optax transform obeys the same protocol and can be
 used instead.
 """
 
@@ -242,24 +243,24 @@ def scale_by_adam(
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
-        coefficients: dict = {}  # per dtype and device: the four scalars of eq. 5, computed once per update
+        coefficients: dict = {}  # per dtype and device: the two weights of eq. 5, computed once per update
 
         def coefficient(g: Array) -> tuple:
+            # B ← (β − βᵗ)/(1 − βᵗ)·B + (1 − β)/(1 − βᵗ)·g: the two factors sum to 1, so eq. 5 is the
+            # interpolation B + c·(g − B) with c = (1 − β)/(1 − βᵗ) (one fused pass on torch: lerp)
             key = (str(g.dtype), str(_backend.device(g)))
             if key not in coefficients:
-                t = _as_float(count, g)
-                p1, p2 = b1**t, b2**t
-                q1, q2 = 1 / (1 - p1), 1 / (1 - p2)
-                coefficients[key] = ((b1 - p1) * q1, (1 - b1) * q1, (b2 - p2) * q2, (1 - b2) * q2)
+                # eager: the step counter read to the host once (Python floats, instead of ten 0-d
+                # array operations per step); traced: computed on the device
+                t = _as_float(count, g) if _backend.is_traced(count) else int(count)
+                coefficients[key] = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))
             return coefficients[key]
 
         def first(m: Array, g: Array) -> Array:
-            k1, c1, _, _ = coefficient(g)
-            return k1 * m + c1 * g
+            return _backend.lerp(m, g, coefficient(g)[0], array_namespace(g))
 
         def second(v: Array, g: Array) -> Array:
-            _, _, k2, c2 = coefficient(g)
-            return k2 * v + c2 * (g * g)
+            return _backend.lerp(v, g * g, coefficient(g)[1], array_namespace(g))
 
         # two maps rather than one map + unflatten_up_to: torch.compile traces tree_map, not tree specs
         mu = optree.tree_map(first, state.mu, updates)
