@@ -412,8 +412,9 @@ def test_jit_equals_eager(backend, xp, device, section):
 def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, device, scale, batched):
     """torch.compile(opt.update, fullgraph=True) traces a step without a graph break (geqrf through a
     custom operator with a fake kernel, the retraction's doubling loop as a while_loop) and equals eager
-    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding); ``scale`` 300 forces doublings. The AOT backend ("aot_eager") checks tracing
-    and functionalisation without the minutes of C++ compilation that inductor takes (benchmarks time it)."""
+    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding); ``scale`` 300 forces doublings. The
+    AOT backend ("aot_eager") checks tracing and functionalisation without the minutes of C++ compilation
+    that inductor takes (benchmarks time it)."""
     if backend.kind != "torch":
         pytest.skip("torch.compile exists only on the torch backend")
     import torch

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import array_api_compat as _compat
+import numpy as np
 
 __all__ = [
     "all_finite",
@@ -176,11 +177,17 @@ def as_namespace(xp: Any) -> Namespace:
 _NAMESPACE_OF_TYPE: dict[type, Namespace] = {}
 
 
+_NDARRAY = np.ndarray
+
+
 def device(x: Array) -> Any:
     """The device an array lives on (``array_api_compat.device``)."""
+    # what array_api_compat returns, without its 1–3 µs of dispatch (asked per leaf, per step)
+    if type(x) is _NDARRAY:
+        return "cpu"
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.device  # what array_api_compat returns, without its ≈ 1 µs of dispatch (per leaf, per step)
+        return x.device
     return _compat.device(x)
 
 
@@ -270,14 +277,17 @@ def all_finite(x: Array, xp: Namespace) -> Array:
 def all_finite_on_host(arrays: list, xp: Namespace) -> bool:
     """Every entry of every array is finite, read to the host (eager use only).
 
-    torch: one scalar read of Σ Σ x·0 (NaN iff some entry is not finite; see :func:`all_finite`),
-    instead of a flag per array combined on the device; elsewhere :func:`all_finite` per array.
+    torch: one pass and one scalar read, Σ Σ x: finite when every entry is; when it is not (a
+    non-finite entry, or finite entries whose sum overflows) the exact :func:`all_finite` of each
+    array decides (4096×128 float32: 30 µs instead of the 97 µs of Σ x·0). Elsewhere
+    :func:`all_finite` per array (NumPy would warn on inf − inf in a sum).
     """
     if is_torch(xp):
-        total = xp.sum(arrays[0] * 0)
+        total = xp.sum(arrays[0])
         for x in arrays[1:]:
-            total = total + xp.sum(x * 0)
-        return math.isfinite(float(total))
+            total = total + xp.sum(x)
+        if math.isfinite(float(total)):
+            return True
     return all(bool(all_finite(x, xp)) for x in arrays)
 
 
@@ -652,10 +662,18 @@ def lerp(a: Array, b: Array, weight: Any, xp: Namespace) -> Array:
 def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Array]:
     # only the top n×n block of the packed factor holds R and the reflectors' unit diagonal; the rows
     # below are the reflectors as they are (a tril/add over all N rows cost torch 1.7 ms on 4096×128)
+    # LAPACK returns the factor column-major (torch's geqrf, NumPy's raw QR seen transposed): V is
+    # assembled transposed, so the copy reads and writes contiguous rows, and comes out as a
+    # column-major view, which the products take as it is (torch, 4096×128: 0.1 ms instead of the
+    # 1.5 ms of a row-major concatenation)
     n = a.shape[-1]
     top = a[..., :n, :]
     V_top = xp.tril(top, k=-1) + xp.eye(n, dtype=a.dtype, device=_compat.device(a))
-    V = xp.concat([V_top, a[..., n:, :]], axis=-2) if a.shape[-2] > n else V_top
+    if a.shape[-2] > n:
+        mT = xp.matrix_transpose
+        V = mT(xp.concat([mT(V_top), mT(a[..., n:, :])], axis=-1))
+    else:
+        V = V_top
     return V, tau, xp.triu(top)
 
 
@@ -724,8 +742,9 @@ def _geqrf_numpy(A: Array) -> tuple[Array, Array, Array]:
     if np.lib.NumpyVersion(np.__version__) < "2.0.0" and A.ndim > 2:
         return NotImplemented  # NumPy 1.x has no stacked raw QR
     h, tau = np.linalg.qr(A, mode="raw")
-    # raw mode returns the LAPACK (Fortran-order) factor transposed
-    a = np.ascontiguousarray(np.swapaxes(h, -1, -2))
+    # raw mode returns the LAPACK (Fortran-order) factor transposed: swapped back it is column-major,
+    # which _split_geqrf copies row by row
+    a = np.swapaxes(h, -1, -2)
     return _split_geqrf(a, tau, _compat.array_namespace(a))
 
 
