@@ -175,6 +175,25 @@ def test_split_gives_the_consecutive_slices(xp, device, backend):
     assert (_backend.fast_path("split", xp) is None) == (backend.kind != "torch")
 
 
+def test_select_runs_the_first_branch_whose_threshold_covers_the_value(xp, device, backend):
+    """``_backend.select``: the first branch i with value ≤ thresholds[i], else (and for NaN) the last;
+    eager by a host read, under jax.jit by ``lax.switch`` with the same choices."""
+    branches = [lambda x, k=k: x + k for k in range(4)]  # branch k adds k
+    thresholds = (0.1, 0.5, 2.0)
+    x = xp.zeros((), dtype=xp.float64, device=device)
+    cases = [(0.05, 0), (0.1, 0), (0.3, 1), (2.0, 2), (7.0, 3), (float("inf"), 3), (float("nan"), 3)]
+    run = lambda v: _backend.select(v, thresholds, branches, x, xp)  # noqa: E731
+    if backend.kind == "jax":
+        import jax
+
+        jitted = jax.jit(run)
+    for value, expected in cases:
+        v = xp.asarray(value, dtype=xp.float64, device=device)
+        assert float(run(v)) == expected, value
+        if backend.kind == "jax":
+            assert float(jitted(v)) == expected, value
+
+
 def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
     """``_backend.matmul`` (torch: (Bᵀ Aᵀ)ᵀ for batches of tall small products, several times faster there)
     equals A @ B to 1e-14 for the shapes of the ViT step (tall, square, wide, 2-D, broadcast batch), and is

@@ -341,6 +341,28 @@ def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name
     assert_close(_phi1_bounded(X, bound, xp, 64), _phi1_scaled(X, bound, xp, 64), xp=xp, atol=0, dtype=dtype)
 
 
+@pytest.mark.parametrize("norm", [0.01, 0.1, 0.5, 2.0, float("nan")])
+def test_phi1_rule_chosen_under_jax_jit_equals_eager(backend, xp, device, norm):
+    """Under jax.jit the Taylor rule is chosen on the device (``lax.switch``, no host read): the jitted
+    φ₁ equals the eager one, whose rule is chosen on the host, to float32 rounding, for bounds within
+    each rule's θ, beyond the last one (scaling and doubling) and NaN (NaN out)."""
+    if backend.kind != "jax":
+        pytest.skip("jax.jit exists only on the jax backend")
+    import jax
+
+    from geoarray.manifolds.retraction import _phi1_bounded
+
+    X = geoarray.random.normal(6, (4, 8, 8), xp=xp, device=device, dtype=xp.float32)
+    X = norm * X / xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)[..., None, None]
+    bound = xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
+    eager = _phi1_bounded(X, bound, xp, 64)
+    jitted = jax.jit(lambda X, b: _phi1_bounded(X, b, xp, 64))(X, bound)
+    if norm != norm:
+        assert bool(xp.all(xp.isnan(jitted))) and bool(xp.all(xp.isnan(eager)))
+    else:
+        assert_close(jitted, eager, xp=xp, atol=1e-6, dtype=xp.float32)
+
+
 def test_retraction_and_section_trace_under_jax_jit(backend, xp, device):
     if backend.kind != "jax":
         pytest.skip("jax.jit exists only on the jax backend")

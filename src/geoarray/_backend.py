@@ -392,6 +392,34 @@ def compiled(fn: Callable[..., Any], xp: Namespace, *static_argnames: str) -> Ca
     return fn
 
 
+def select(
+    value: Array, thresholds: tuple[float, ...], branches: list[Callable[[Any], Any]], operand: Any, xp: Namespace
+) -> Any:
+    """``branches[i](operand)`` for the first i with ``value ≤ thresholds[i]`` (ascending), else the last
+    branch (also for a NaN ``value``); ``branches`` has one more entry than ``thresholds``, and each must
+    give the same result to within its own accuracy (the choice is only about cost).
+
+    Eager: ``value`` (a 0-d array) is read to the host and one branch runs. Under ``jax.jit``:
+    ``lax.switch`` on the traced index, so only the chosen branch runs, without a host read. Under
+    ``torch.compile``, which has no multi-way conditional: the last branch (the general one).
+    """
+    if not is_traced(value):
+        v = float(value)
+        for threshold, branch in zip(thresholds, branches, strict=False):
+            if v <= threshold:  # False for NaN
+                return branch(operand)
+        return branches[-1](operand)
+    if is_jax(xp):
+        import jax
+
+        # the number of (ascending) thresholds below the value; a NaN value takes the last branch
+        above = [xp.astype(value > t, xp.int32) for t in thresholds]
+        nan = xp.astype(xp.isnan(value), xp.int32) * len(thresholds)
+        index = xp.minimum(sum(above) + nan, len(thresholds))
+        return jax.lax.switch(index, branches, operand)
+    return branches[-1](operand)
+
+
 def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_count: int, xp: Namespace) -> Any:
     """Apply ``body(k, carry)`` for k = 0, 1, …, max(counts) − 1 (at most ``max_count`` times).
 
@@ -659,7 +687,7 @@ def lerp(a: Array, b: Array, weight: Any, xp: Namespace) -> Array:
 # Each returns (V, tau, R) with V unit lower trapezoidal (..., N, n), tau (..., n), R (..., n, n).
 
 
-def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Array]:
+def _split_geqrf(a: Array, tau: Array, xp: Namespace, *, column_major: bool = True) -> tuple[Array, Array, Array]:
     # only the top n×n block of the packed factor holds R and the reflectors' unit diagonal; the rows
     # below are the reflectors as they are (a tril/add over all N rows cost torch 1.7 ms on 4096×128)
     # LAPACK returns the factor column-major (torch's geqrf, NumPy's raw QR seen transposed): V is
@@ -669,11 +697,13 @@ def _split_geqrf(a: Array, tau: Array, xp: Namespace) -> tuple[Array, Array, Arr
     n = a.shape[-1]
     top = a[..., :n, :]
     V_top = xp.tril(top, k=-1) + xp.eye(n, dtype=a.dtype, device=_compat.device(a))
-    if a.shape[-2] > n:
+    if a.shape[-2] <= n:
+        V = V_top
+    elif column_major:
         mT = xp.matrix_transpose
         V = mT(xp.concat([mT(V_top), mT(a[..., n:, :])], axis=-1))
-    else:
-        V = V_top
+    else:  # XLA chooses layouts itself (the transposed assembly measured slower in a jitted step)
+        V = xp.concat([V_top, a[..., n:, :]], axis=-2)
     return V, tau, xp.triu(top)
 
 
@@ -756,4 +786,4 @@ def _geqrf_jax(A: Array) -> tuple[Array, Array, Array]:
     import jax.numpy as jnp
 
     h, tau = jnp.linalg.qr(A, mode="raw")  # like NumPy: the LAPACK factor, transposed
-    return _split_geqrf(jnp.swapaxes(h, -1, -2), tau, _compat.array_namespace(A))
+    return _split_geqrf(jnp.swapaxes(h, -1, -2), tau, _compat.array_namespace(A), column_major=False)

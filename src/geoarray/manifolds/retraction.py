@@ -12,6 +12,7 @@ step costs O(N·k²). Stiefel, Grassmann (A = 0) and symplectic Stiefel share th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -95,22 +96,27 @@ def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
 
 
 def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
-    """φ₁(X) given ``bound`` ≥ ‖X‖₁ per batch element, by the cheapest exact route.
+    """φ₁(X) given ``bound`` ≥ ‖X‖₁ per batch element, by the cheapest exact route for the largest bound:
+    the lowest-degree Taylor rule whose θ covers it (no scaling, doubling or masking: an optimizer step
+    takes 2 products in float32 instead of 4 plus ~20 small operations), or beyond the last θ (and for
+    non-finite input) the top rule with per-element scaling and doubling (:func:`_phi1_scaled`).
 
-    Eager (nothing traced): the largest bound is read to the host once — the one host read of a
-    retraction, which the doubling loop needs anyway — and when it is within the largest θ, the
-    lowest-degree Taylor rule whose θ covers it gives φ₁ with no scaling, doubling or masking
-    (an optimizer step: 2 products in float32 instead of 4 plus ~20 small operations). Otherwise,
-    and always under ``jax.jit``/``torch.compile`` (no host reads there), the top rule with
-    per-element scaling and doubling (:func:`_phi1_scaled`). Both are accurate to unit roundoff, so
-    the results agree to rounding.
+    The choice is :func:`geoarray._backend.select`: eager, the largest bound is read to the host once
+    (the one host read of a retraction, which the doubling loop needs anyway); under ``jax.jit`` a
+    ``lax.switch`` runs the chosen branch only; under ``torch.compile`` the scaled route always runs.
+    All routes are accurate to unit roundoff, so the results agree to rounding.
     """
-    if not _backend.is_traced(bound):
-        largest = float(xp.max(bound)) if math.prod(bound.shape) else 0.0
-        for rule in _phi1_rules(X, xp):
-            if largest <= rule[2]:  # False for NaN and inf: those take the general route
-                return _phi1_taylor(X, xp, rule)
-    return _phi1_scaled(X, bound, xp, max_doublings)
+    rules = _phi1_rules(X, xp)
+    if _backend.is_traced(bound) and not _backend.is_jax(xp):
+        return _phi1_scaled(X, bound, xp, max_doublings)
+    largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
+    branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
+    # the top rule's Taylor polynomial alone is the scaled route with no doubling; traced, it is left
+    # to the scaled route (one branch fewer to compile)
+    if _backend.is_traced(bound):
+        branches = branches[:-1]
+    branches.append(lambda Z: _phi1_scaled(Z, bound, xp, max_doublings))
+    return _backend.select(largest, tuple(rule[2] for rule in rules[: len(branches) - 1]), branches, X, xp)
 
 
 def phi1(X: Array, xp: Any, max_doublings: int) -> Array:
