@@ -125,6 +125,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("lerp") == ["torch"]
     assert _backend.fast_path_backends("matmul") == ["torch"]
     assert _backend.fast_path_backends("split") == ["torch"]
+    assert _backend.fast_path_backends("eye") == ["torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -173,6 +174,17 @@ def test_split_gives_the_consecutive_slices(xp, device, backend):
         assert_close(piece, x[offset : offset + size], xp=xp, atol=0)
         offset += size
     assert (_backend.fast_path("split", xp) is None) == (backend.kind != "torch")
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_eye_equals_the_namespace_identity(xp, device, backend, dtype_name):
+    """``_backend.eye`` (torch: one ``torch.eye``) equals ``xp.eye`` exactly, square and rectangular, with the
+    dtype and device of ``like``."""
+    like = xp.zeros((2, 3), dtype=getattr(xp, dtype_name), device=device)
+    for n, m in [(4, None), (3, 5), (5, 3), (0, None)]:
+        got = _backend.eye(n, m, like, xp)
+        assert_close(got, xp.eye(n, m, dtype=like.dtype, device=device), xp=xp, atol=0, device=device, dtype=like.dtype)
+    assert (_backend.fast_path("eye", xp) is None) == (backend.kind != "torch")
 
 
 def test_select_runs_the_first_branch_whose_threshold_covers_the_value(xp, device, backend):

@@ -657,6 +657,26 @@ def split(x: Array, sizes: list[int], xp: Namespace) -> list:
     return out
 
 
+# The identity ---------------------------------------------------------------------------------------
+# torch.eye is one operation; array_api_compat's eye for torch is three (zeros, diagonal, fill_), and a
+# step builds a few identities.
+
+
+@register_fast_path("eye", "torch")
+def _eye_torch(n: int, m: int | None, like: Array) -> Array:
+    import torch
+
+    return torch.eye(n, n if m is None else m, dtype=like.dtype, device=like.device)
+
+
+def eye(n: int, m: int | None, like: Array, xp: Namespace) -> Array:
+    """The n×m identity with the dtype and device of ``like``."""
+    native = fast_path("eye", xp)
+    if native is not None:
+        return native(n, m, like)
+    return xp.eye(n, m, dtype=like.dtype, device=device(like))
+
+
 # a + w·(b − a) -----------------------------------------------------------------------------------
 # torch.lerp is one pass and one temporary instead of three (sub, mul, add); on a 4096×128 momentum
 # buffer the EMA and Nesterov updates of Muon take two passes instead of five. It is also the form

@@ -29,7 +29,6 @@ Contents
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
 import array_api_extra as xpx
@@ -73,11 +72,7 @@ def _check_matrix(A: Array, name: str, xp: Any, *, square: bool = False) -> None
 
 def eye(n: int, like: Array, m: int | None = None) -> Array:
     """Identity (n×m) with the namespace, dtype and device of ``like``; broadcasts over batches."""
-    xp = array_namespace(like)
-    if _backend.is_torch(xp):
-        # torch.eye is one operation; array_api_compat's eye is three (zeros, diagonal, fill_)
-        return sys.modules["torch"].eye(n, n if m is None else m, dtype=like.dtype, device=like.device)
-    return xp.eye(n, m, dtype=like.dtype, device=_backend.device(like))
+    return _backend.eye(n, m, like, array_namespace(like))
 
 
 def _mT(A: Array, xp: Any) -> Array:
