@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import geoarray
-from _helpers import asarray, assert_close
+from _helpers import asarray, assert_close, to_numpy
 from geoarray import _backend, linalg
 
 
@@ -126,6 +126,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("matmul") == ["torch"]
     assert _backend.fast_path_backends("split") == ["torch"]
     assert _backend.fast_path_backends("eye") == ["torch"]
+    assert _backend.fast_path_backends("norm1") == ["numpy"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -174,6 +175,36 @@ def test_split_gives_the_consecutive_slices(xp, device, backend):
         assert_close(piece, x[offset : offset + size], xp=xp, atol=0)
         offset += size
     assert (_backend.fast_path("split", xp) is None) == (backend.kind != "torch")
+
+
+def test_norm1_is_the_largest_absolute_column_sum(xp, device, backend):
+    """``_backend.norm1`` (NumPy: column sums as a product with a row of ones) equals max_j Σᵢ |xᵢⱼ| to 1e-14
+    per matrix of a batch, and is NaN for a NaN entry and inf for an infinite one, in its own matrix only."""
+    rng = np.random.default_rng(13)
+    X_np = rng.standard_normal((2, 3, 5, 4))
+    X = asarray(X_np, xp, device)
+    expected = np.max(np.sum(np.abs(X_np), axis=-2), axis=-1)
+    assert_close(_backend.norm1(X, xp), expected, xp=xp, atol=1e-14)
+    X_np[0, 1, 2, 3], X_np[1, 2, 0, 0] = np.nan, -np.inf
+    got = to_numpy(_backend.norm1(asarray(X_np, xp, device), xp))
+    assert np.isnan(got[0, 1]) and got[1, 2] == np.inf
+    finite = np.ones((2, 3), dtype=bool)
+    finite[0, 1] = finite[1, 2] = False
+    np.testing.assert_allclose(got[finite], expected[finite], atol=1e-14)
+    assert (_backend.fast_path("norm1", xp) is None) == (backend.kind != "numpy")
+
+
+def test_memoised_lookups_answer_as_before(xp, device, backend):
+    """The memoised backend name and real-floating check give the answers of the first (uncached) call,
+    and the check still raises for an integer array after a float one was cached."""
+    first = _backend.backend_name(xp)
+    _backend._BACKEND_NAMES.clear()
+    assert _backend.backend_name(xp) == _backend._backend_name(xp) == first == backend.kind
+    x = xp.zeros((2,), dtype=xp.float32, device=device)
+    for _ in range(2):
+        _backend.check_real_floating(x, "x", xp)
+        with pytest.raises(TypeError, match="i must have a real floating dtype"):
+            _backend.check_real_floating(xp.zeros((2,), dtype=xp.int32, device=device), "i", xp)
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])

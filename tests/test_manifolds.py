@@ -245,6 +245,30 @@ def test_householder_section_through_q_equals_its_definition(xp, device, N, n):
     assert_close(M.apply_section(lam, X), by_definition, xp=xp, atol=1e-13)
 
 
+@pytest.mark.parametrize("manifold", ["stiefel", "grassmann"])
+@pytest.mark.parametrize("strategy", ["householder", "transported"])
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+def test_apply_retraction_equals_apply_section_of_the_retraction(xp, device, manifold, strategy, method):
+    """``apply_retraction(λ, W)`` (operation 3 with g(W)E's row blocks handed to the section unassembled)
+    equals ``apply_section(λ, retraction(W))`` to 1e-13, and the section's ``coords_blocks``/``apply_blocks``
+    equal the row blocks of ``coords``/``apply`` (float64, batched; the Householder and dense sections, and
+    torch's packed one, which its Householder strategy picks for this batch of 16 small frames)."""
+    M = (Stiefel if manifold == "stiefel" else Grassmann)(9, 3)
+    Y = M.random(0, xp=xp, batch_shape=(16,), device=device)
+    lam = M.global_section(Y, strategy=strategy)
+    W = 0.3 * M.lift(Y, lam, geoarray.random.normal(1, (16, 9, 3), xp=xp, device=device))
+    expected = M.apply_section(lam, M.retraction(W, method))
+    assert_close(M.apply_retraction(lam, W, method), expected, xp=xp, atol=1e-13)
+    X = geoarray.random.normal(2, (16, 9, 2), xp=xp, device=device)
+    top, bottom = lam.coords_blocks(X)
+    coords = lam.coords(X)
+    assert_close(top, coords[..., :3, :], xp=xp, atol=1e-13)
+    assert_close(bottom, coords[..., 3:, :], xp=xp, atol=1e-13)
+    assert_close(lam.apply_blocks(X[..., :3, :], X[..., 3:, :]), lam.apply(X), xp=xp, atol=1e-13)
+    with pytest.raises(TypeError, match="W must be a"):
+        M.apply_retraction(lam, X, method)
+
+
 def test_packed_householder_section_equals_the_compact_wy_form(backend, xp, device):
     """torch's packed-reflector section (ormqr; chosen for batches of ≥ 16 small frames) equals the compact-WY
     section in every operation (λX, λᵀD, Q⊥X, Q⊥ᵀD) to 1e-13, and a Stiefel-Adam step with it equals the

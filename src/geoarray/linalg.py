@@ -285,24 +285,46 @@ def _geqrf_generic(A: Array, xp: Any) -> tuple[Array, Array, Array]:
 def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
     """(V, T) of the compact-WY form Q = H₁⋯Hₙ = I − V T Vᵀ, via the UT transform.
 
-    T⁻¹ = diag(1/τ) + striu(VᵀV) (Joffrain, Low, Quintana-Ortí, van de Geijn, Schreiber 2006), one
-    batched triangular inversion instead of LAPACK dlarft's column-by-column recurrence. A reflector
-    with τₖ = 0 is the identity (LAPACK's choice when a column is already reduced): row and column k
-    of VᵀV are zeroed and 1/τₖ replaced by 1, so T⁻¹ (and T) is the identity in that row and column,
-    which is then zeroed in T — V T Vᵀ no longer sees vₖ, and T stays finite. All of this is n×n work.
+    T⁻¹ = diag(1/τ) + striu(VᵀV) (Joffrain, Low, Quintana-Ortí, van de Geijn, Schreiber 2006). Where
+    the backend has a triangular solver (torch, JAX), T is that inverse; elsewhere it is
+    :func:`_t_factor_series`, a few n×n products instead of a general LU solve. A reflector with
+    τₖ = 0 is the identity (LAPACK's choice when a column is already reduced): row and column k of T
+    are then zero, so V T Vᵀ no longer sees vₖ, and T stays finite. All of this is n×n work.
     """
+    G = _mT(V, xp) @ V
+    native = _backend.fast_path("triu_inverse", xp)
+    if native is None:
+        return V, _t_factor_series(G, tau, xp)
     n = V.shape[-1]
     active = tau != 0
     keep = xp.astype(active, V.dtype)
     both = keep[..., :, None] * keep[..., None, :]
     inv_tau = xp.where(active, 1 / xp.where(active, tau, xp.ones_like(tau)), xp.ones_like(tau))
-    G = (_mT(V, xp) @ V) * both
     # diag(1/τ) as a product with I: xpx.create_diagonal loops over batch elements, which unrolled
     # into 336 operations made jax.jit of the ViT's optimizer step compile for 20 s
-    T_inv = xp.triu(G, k=1) + inv_tau[..., None, :] * eye(n, V)
-    native = _backend.fast_path("triu_inverse", xp)
-    T = native(T_inv) if native is not None else xp.linalg.solve(T_inv, xp.broadcast_to(eye(n, V), T_inv.shape))
-    return V, T * both
+    T_inv = xp.triu(G * both, k=1) + inv_tau[..., None, :] * eye(n, V)
+    return V, native(T_inv) * both
+
+
+def _t_factor_series(G: Array, tau: Array, xp: Any) -> Array:
+    """T = (diag(1/τ) + striu(G))⁻¹ = (I + M)⁻¹·diag(τ) with M = diag(τ)·striu(G), G = VᵀV.
+
+    M is strictly upper triangular, hence nilpotent (Mⁿ = 0), and the Neumann series ends:
+    (I + M)⁻¹ = Σ_{k<n} (−M)ᵏ = (I − M)(I + M²)(I + M⁴)⋯, ⌈log₂ n⌉ − 1 squarings and as many products
+    (n = 4: one of each). τₖ = 0 zeroes row k of M and column k of T, and row k of (I + M)⁻¹ is eₖ, so
+    T's row and column k are zero without masks. NumPy, 96 × 4×4 (the demo's ViT): 40 µs for VᵀV and
+    T, against 114 µs with the LU solve (NumPy's batched solve runs in float64 per matrix); 336 × 7×7:
+    0.33 against 0.79 ms; the error against float64 is the same (≈2e-7 in float32).
+    """
+    n = G.shape[-1]
+    M = tau[..., :, None] * xp.triu(G, k=1)
+    P = eye(n, G) - M
+    power, covered = M, 2  # P = Σ_{k<covered} (−M)ᵏ
+    while covered < n:
+        power = power @ power
+        P = P + P @ power
+        covered *= 2
+    return P * tau[..., None, :]
 
 
 def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:

@@ -98,6 +98,11 @@ class Manifold(abc.ABC):
     def apply_section(self, lam: Any, X: Array) -> Array:
         """λ(Y)·X: moves a point at E to the point at Y (eq. 13)."""
 
+    def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
+        """λ(Y)·Retraction(W)·E = ``apply_section(lam, retraction(W, method))``: operation 3 of
+        Algorithm 1 in one call (the new point). Manifolds override it where the composition is cheaper."""
+        return self.apply_section(lam, self.retraction(W, method))
+
     def lift(self, Y: Array, lam: Any, dL: Array) -> Any:
         """global_rep(λ, rgrad(Y, ∇L)): operations 1 and 2 of Algorithm 1 in one call.
 

@@ -48,28 +48,33 @@ def _coefficient_matrix(degree: int, chunk: int) -> list:
 
 
 def _norm1(X: Array, xp: Any) -> Array:
-    return xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
+    return _backend.norm1(X, xp)
 
 
 def _phi1_taylor(X: Array, xp: Any, rule: tuple) -> Array:
     """Σ_{k≤m} X^k/(k+1)! for ``rule`` = (m, c, θ) by Paterson–Stockmeyer: chunks qⱼ = Σᵢ c_{cj+i} Xⁱ of
     degree < c, and p = q₀ + Xᶜ(q₁ + Xᶜ(q₂ + …)) (m = 19 in float64: chunks of 5, 4 + 3 products).
 
-    The chunks are one contraction of the stacked powers I…X^{c−1} with the coefficient matrix (one
-    operation instead of dozens of small scalings and additions).
+    The chunks' powers X…X^{c−1} are one contraction with the coefficient matrix (one operation
+    instead of dozens of small scalings and additions); their identity terms c_{cj}·I are added as an
+    unbatched m×m matrix, which broadcasts (a batched identity cost NumPy a broadcast and a copy).
     """
     degree, chunk, _ = rule
     matrix = _coefficient_matrix(degree, chunk)
-    eye = xp.broadcast_to(linalg.eye(X.shape[-1], X), X.shape)
-    powers = [eye, X]
+    eye = linalg.eye(X.shape[-1], X)
+    powers = [X]
     for _ in range(2, chunk + 1):
         powers.append(powers[-1] @ X)
     top = powers.pop()  # X^chunk
-    coeffs = xp.asarray(matrix, dtype=X.dtype, device=_device(X))
-    chunks = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (n_chunks, ..., m, m)
-    U = chunks[len(matrix) - 1, ...]
+    if len(powers) == 1:
+        parts = [row[1] * X for row in matrix]
+    else:
+        coeffs = xp.asarray([row[1:] for row in matrix], dtype=X.dtype, device=_device(X))
+        stacked = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (n_chunks, ..., m, m)
+        parts = [stacked[j, ...] for j in range(len(matrix))]
+    U = parts[-1] + matrix[-1][0] * eye
     for j in range(len(matrix) - 2, -1, -1):
-        U = _backend.addmm(chunks[j, ...], top, U, xp)
+        U = _backend.addmm(parts[j] + matrix[j][0] * eye, top, U, xp)
     return U
 
 
@@ -178,8 +183,8 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     step needs no doubling. The bound, not the norm of X_b, sets the scaling (one reduction fewer).
     """
     k = halfA.shape[-1]
-    eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
     if method != "geodesic":
+        eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
         c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
         D = xp.linalg.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c)
         D_top, D_bot = D[..., :k, :], D[..., k:, :]
@@ -187,10 +192,11 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     low = halfA @ halfA - gram  # c = a² − G
     # α = ‖c‖₁^½, kept positive for a zero step (c = 0) by the smallest normal number: X_b is then
     # [[a, ~0], [0, a]] and α cancels from D below
-    tiny = xp.finfo(low.dtype).smallest_normal
-    alpha = xp.sqrt(xp.clip(_norm1(low, xp), min=tiny))[..., None, None]
+    alpha = xp.sqrt(_norm1(low, xp) + xp.finfo(low.dtype).smallest_normal)[..., None, None]
+    eye = linalg.eye(k, halfA)  # unbatched: it broadcasts
     Xb = xp.concat([xp.concat([halfA, alpha * eye], axis=-1), xp.concat([low / alpha, halfA], axis=-1)], axis=-2)
     U = _phi1_bounded(Xb, _norm1(halfA, xp) + alpha[..., 0, 0], xp, max_doublings)
-    D = _backend.matmul(U, xp.concat([eye, halfA / alpha], axis=-2), xp)
+    # D = U·[I; a/α] = U[:, :k] + U[:, k:]·a/α: one product, and no [I; a/α] to assemble
+    D = _backend.addmm(U[..., :, :k], U[..., :, k:], halfA / alpha, xp)
     D_top = D[..., :k, :]
     return _backend.addmm(eye + alpha * D[..., k:, :], halfA, D_top, xp), _backend.matmul(B, D_top, xp)

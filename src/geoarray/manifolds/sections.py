@@ -83,16 +83,25 @@ class HouseholderSection(NamedTuple):
 
     def coords(self, D: Array) -> Array:
         """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] for D (..., N, k): the top block is YᵀD, the bottom Q⊥ᵀD."""
+        return _concat_rows(self.coords_blocks(D))
+
+    def coords_blocks(self, D: Array) -> tuple[Array, Array]:
+        """(YᵀD, Q⊥ᵀD) = (S·(QᵀD)_top, (QᵀD)_bot): the two row blocks of :meth:`coords`, unassembled."""
         xp = array_namespace(D=D, V=self.V)
         mT = xp.matrix_transpose
         n = self.Y.shape[-1]
         QtD = _backend.addmm(D, self.V, mT(self.T) @ (mT(self.V) @ D), xp, alpha=-1.0)
-        return _scale_top_rows(QtD, self.signs, n)
+        return self.signs[..., :, None] * QtD[..., :n, :], QtD[..., n:, :]
 
     def apply(self, X: Array) -> Array:
         """λX = Q [S·X_top; X_bot] for X (..., N, k), in O(N·n·k)."""
-        xp = array_namespace(X=X, V=self.V)
-        Z = _scale_top_rows(X, self.signs, self.Y.shape[-1])
+        n = self.Y.shape[-1]
+        return self.apply_blocks(X[..., :n, :], X[..., n:, :])
+
+    def apply_blocks(self, top: Array, bottom: Array) -> Array:
+        """λ[top; bottom] = Q [S·top; bottom] for blocks of n and N − n rows (one assembly, not two)."""
+        xp = array_namespace(top=top, bottom=bottom, V=self.V)
+        Z = xp.concat([self.signs[..., :, None] * top, bottom], axis=-2)
         return _backend.addmm(Z, self.V, self.T @ (xp.matrix_transpose(self.V) @ Z), xp, alpha=-1.0)
 
     def perp_t(self, D: Array) -> Array:
@@ -142,9 +151,19 @@ class PackedHouseholderSection(NamedTuple):
         """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot]."""
         return _scale_top_rows(self._q(D, True), self.signs, self.Y.shape[-1])
 
+    def coords_blocks(self, D: Array) -> tuple[Array, Array]:
+        """(YᵀD, Q⊥ᵀD): the two row blocks of :meth:`coords`, unassembled."""
+        QtD, n = self._q(D, True), self.Y.shape[-1]
+        return self.signs[..., :, None] * QtD[..., :n, :], QtD[..., n:, :]
+
     def apply(self, X: Array) -> Array:
         """λX = Q [S·X_top; X_bot]."""
         return self._q(_scale_top_rows(X, self.signs, self.Y.shape[-1]), False)
+
+    def apply_blocks(self, top: Array, bottom: Array) -> Array:
+        """λ[top; bottom] = Q [S·top; bottom]."""
+        xp = array_namespace(top=top, bottom=bottom, Y=self.Y)
+        return self._q(xp.concat([self.signs[..., :, None] * top, bottom], axis=-2), False)
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀD: the last N − n rows of QᵀD."""
@@ -185,6 +204,10 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
     return HouseholderSection.of(Y, reconstruct=reconstruct)
 
 
+def _concat_rows(blocks: tuple[Array, Array]) -> Array:
+    return array_namespace(*blocks).concat(list(blocks), axis=-2)
+
+
 def _scale_top_rows(X: Array, signs: Array, n: int) -> Array:
     """diag(S, I)·X: the first n rows of X times the signs S (..., n)."""
     xp = array_namespace(X=X, signs=signs)
@@ -206,14 +229,22 @@ class DenseSection(NamedTuple):
 
     def coords(self, D: Array) -> Array:
         """λᵀD = [YᵀD; Q⊥ᵀD] for D (..., N, k)."""
+        return _concat_rows(self.coords_blocks(D))
+
+    def coords_blocks(self, D: Array) -> tuple[Array, Array]:
+        """(YᵀD, Q⊥ᵀD): the two row blocks of :meth:`coords`, unassembled."""
         xp = array_namespace(D=D, Y=self.Y)
         mT = xp.matrix_transpose
-        return xp.concat([mT(self.Y) @ D, mT(self.Qperp) @ D], axis=-2)
+        return mT(self.Y) @ D, mT(self.Qperp) @ D
 
     def apply(self, X: Array) -> Array:
         """λX = Y·X_top + Q⊥·X_bot for X (..., N, k)."""
         n = self.Y.shape[-1]
-        return self.Y @ X[..., :n, :] + self.Qperp @ X[..., n:, :]
+        return self.apply_blocks(X[..., :n, :], X[..., n:, :])
+
+    def apply_blocks(self, top: Array, bottom: Array) -> Array:
+        """λ[top; bottom] = Y·top + Q⊥·bottom."""
+        return self.Y @ top + self.Qperp @ bottom
 
     def perp_t(self, D: Array) -> Array:
         return array_namespace(self.Qperp).matrix_transpose(self.Qperp) @ D

@@ -35,7 +35,7 @@ from .._backend import device as _device
 from .base import _RETRACTIONS, _SECTIONS, Manifold, _check_choice, _check_size
 from .horizontal import StiefelHorizontal
 from .retraction import retract_e, retraction_kernel
-from .sections import DenseSection, HouseholderSection, householder_section
+from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, householder_section
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
@@ -46,6 +46,11 @@ def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: i
     """g(W)E as an (..., N, n) array (½A = 0 for Grassmann); see :mod:`~geoarray.manifolds.retraction`."""
     top, bottom = retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
     return xp.concat([top, bottom], axis=-2)
+
+
+def _retract_blocks(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
+    """The E-rows and the other rows of g(W)E, unassembled (for :meth:`OrthonormalFrames.apply_retraction`)."""
+    return retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
 
 
 def _transport(
@@ -210,6 +215,18 @@ class OrthonormalFrames(Manifold):
         kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
         return kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
 
+    def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
+        """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
+        with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step."""
+        if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection)):
+            return super().apply_retraction(lam, W, method)
+        xp = self._check_horizontal(W)
+        self._namespace(W_B=W.B, Y=lam.Y)
+        method = self._method(method)
+        kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings")
+        top, bottom = kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
+        return lam.apply_blocks(top, bottom)
+
     def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
         """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k)).
 
@@ -303,16 +320,15 @@ class Stiefel(OrthonormalFrames):
     def global_rep(self, lam: HouseholderSection | DenseSection, D: Array) -> StiefelHorizontal:
         """λ⁻¹Ω(Δ)λ = [[A, −Bᵀ], [B, 0]] with A = skew(YᵀΔ), B = Q⊥ᵀΔ (eq. 11)."""
         self._check_tangent_shape(lam.Y, D, "D")
-        H = lam.coords(D)  # λᵀΔ = [YᵀΔ; Q⊥ᵀΔ]
-        return StiefelHorizontal(linalg.skew(H[..., : self.n, :]), H[..., self.n :, :])
+        YtD, B = lam.coords_blocks(D)  # λᵀΔ = [YᵀΔ; Q⊥ᵀΔ]
+        return StiefelHorizontal(linalg.skew(YtD), B)
 
     def lift(self, Y: Array, lam: HouseholderSection | DenseSection, dL: Array) -> StiefelHorizontal:
         """global_rep(λ, rgrad(Y, ∇L)) fused: with Δ = ∇L − Y∇LᵀY, YᵀΔ = Yᵀ∇L − ∇LᵀY is already
         skew, so A = Yᵀ∇L − ∇LᵀY, and Q⊥ᵀY = 0 gives B = Q⊥ᵀ∇L (two products fewer than the composition)."""
         xp = self._check_tangent_shape(Y, dL, "dL")
-        H = lam.coords(dL)  # λᵀ∇L = [Yᵀ∇L; Q⊥ᵀ∇L]: two products for a Householder section
-        YtG = H[..., : self.n, :]
-        return StiefelHorizontal(YtG - xp.matrix_transpose(YtG), H[..., self.n :, :])
+        YtG, B = lam.coords_blocks(dL)  # λᵀ∇L = [Yᵀ∇L; Q⊥ᵀ∇L]: two products for a Householder section
+        return StiefelHorizontal(YtG - xp.matrix_transpose(YtG), B)
 
     def _check_horizontal(self, W: Any, name: str = "W") -> Any:
         if not isinstance(W, StiefelHorizontal):

@@ -201,7 +201,7 @@ class ManifoldMuon(_MatrixGrouping):
                 Y_new = linalg.polar(Y - self.lr * A, method="eigh")
             else:
                 lam = M.global_section(Y, strategy="householder")
-                Y_new = M.apply_section(lam, M.retraction(M.global_rep(lam, -self.lr * A), self.retraction_name))
+                Y_new = M.apply_retraction(lam, M.global_rep(lam, -self.lr * A), self.retraction_name)
             self._unpack(group, Y_new, layout.shapes, xp, new_leaves)
             buffers.append(buf)
             duals.append(P)

@@ -7,7 +7,7 @@ Transformers*, Algorithm 1)::
     λ  = M.global_section(Y)                   # global section (Definition 5; the optimizer's strategy)
     B  = M.global_rep(λ, Δ)                    # lift to g^hor (operation 2, eq. 11)
     W, state = transform.update(B, state)      # cache update and velocity: vector-space code (eqs. 5–8)
-    Y' = M.apply_section(λ, M.retraction(W))   # retraction (operation 3, eq. 13)
+    Y' = M.apply_retraction(λ, W)              # λ·retraction(W)·E (operation 3, eq. 13)
 
 The transform sees a tuple with one horizontal element (or array) per group; horizontal elements
 are NamedTuples of arrays, so any pytree transform — geoarray's or optax's — runs on them unchanged.
@@ -515,7 +515,7 @@ class RiemannianOptimizer:
                 Y_new = lam_new.Y
             else:
                 lam_new = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
-                Y_new = M.apply_section(lam, M.retraction(W, self.retraction))
+                Y_new = M.apply_retraction(lam, W, self.retraction)
             if finite is not None:
                 # per group, before unpacking (and before a half-precision group is cast back): the old
                 # leaves come back unchanged, bit for bit

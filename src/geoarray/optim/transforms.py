@@ -243,16 +243,22 @@ def scale_by_adam(
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
-        coefficients: dict = {}  # per dtype and device: the two weights of eq. 5, computed once per update
+        # B ← (β − βᵗ)/(1 − βᵗ)·B + (1 − β)/(1 − βᵗ)·g: the two factors sum to 1, so eq. 5 is the
+        # interpolation B + c·(g − B) with c = (1 − β)/(1 − βᵗ) (one fused pass on torch: lerp).
+        # Eager: the step counter read to the host once (Python floats, instead of ten 0-d array
+        # operations per step); traced: computed on the device, once per dtype and device
+        traced = _backend.is_traced(count)
+        if not traced:
+            t = int(count)
+            host = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))
+        coefficients: dict = {}
 
         def coefficient(g: Array) -> tuple:
-            # B ← (β − βᵗ)/(1 − βᵗ)·B + (1 − β)/(1 − βᵗ)·g: the two factors sum to 1, so eq. 5 is the
-            # interpolation B + c·(g − B) with c = (1 − β)/(1 − βᵗ) (one fused pass on torch: lerp)
+            if not traced:
+                return host
             key = (str(g.dtype), str(_backend.device(g)))
             if key not in coefficients:
-                # eager: the step counter read to the host once (Python floats, instead of ten 0-d
-                # array operations per step); traced: computed on the device
-                t = _as_float(count, g) if _backend.is_traced(count) else int(count)
+                t = _as_float(count, g)
                 coefficients[key] = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))
             return coefficients[key]
 
