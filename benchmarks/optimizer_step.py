@@ -21,22 +21,23 @@ steps, ``--steps`` rounds call each optimizer once, interleaved in alternating o
 processes on a shared machine hits all alike), and the tables give the medians. Ratios are what matters:
 absolute times depend on the machine and its load.
 
-Latest measurement (main `f0a0716`, JAX's single frames at `39a660f`; every library on one thread —
-``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32, median of 30,
-AMD EPYC Zen 4, 2 vCPUs shared with other jobs, load average 0.2–1.0; more, with the previous main run
-alongside, in benchmarks/README.md), ratio = geoarray / plain Adam:
+Latest measurement (main `c577f85`; every library on one thread — ``OMP_NUM_THREADS=1
+OPENBLAS_NUM_THREADS=1``, ``--threads 1``, XLA single-threaded —, float32, each run the median of 30,
+here the median of six runs for torch and NumPy and of three for JAX; AMD EPYC Zen 4, 2 vCPUs shared
+with other jobs, load average 0.4–1.1; the runs, with the previous main alongside, in
+benchmarks/README.md), ratio = geoarray / plain Adam:
 
 ==========  =====  =====  =====  =================
 set         torch  jax    numpy  geoopt / geoarray
 ==========  =====  =====  =====  =================
-vit         9.1×   12.8×  5.7×   3.0×
-1024x64     8.3×   8.8×   5.8×   12.6×
-4096x128    10.8×  15.7×  11.0×  53×
-vit-leaves  0.9×   1.4×   2.0×   8.8×
+vit         6.7×   15.7×  7.4×   5.0×
+1024x64     6.8×   9.6×   9.1×   17×
+4096x128    8.5×   12.3×  16.7×  70×
+vit-leaves  0.6×   1.5×   2.0×   12×
 ==========  =====  =====  =====  =================
 
-Drift after 1000 float32 steps on the ViT set: geoarray 6.6e-7, geoopt 3.5e-5. JAX compile: 0.7–1.0 s,
-vit-leaves 6.5 s.
+Drift after 1000 float32 steps on the ViT set: geoarray 6.0e-7, geoopt 3.5e-5. JAX compile: 0.7–1.0 s,
+vit-leaves 6.6–8.2 s.
 
     python benchmarks/optimizer_step.py [--backends torch jax numpy] [--steps 30] [--json out.json]
         [--torch-compile [MODE]]   # also torch.compile(opt.update) with inductor

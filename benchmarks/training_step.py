@@ -40,21 +40,19 @@ on its own copy of the weights and cycling through the same 8 mini-batches; the 
 Ratios are what carries over between machines; the issue's target is Stiefel / Euclidean ≤ 1.15×
 (Brantner's paper measured 1.03× on CPU).
 
-Latest measurement (``--model digits``, batch 64, float32, median of 30, every library on one thread;
-AMD EPYC Zen 4, 2 vCPUs shared with other jobs, load average < 1; torch 2.13.0+cpu, jax 0.10.2, numpy
-2.4.6, geoopt 0.5.1; main ``f0a0716``), in ms:
+Latest measurement (main ``c577f85``, batch 64, float32, median of 30, every library on one thread; AMD
+EPYC Zen 4, 2 vCPUs shared with other jobs, load average 0.4–1.1; torch 2.13.0+cpu, jax 0.10.2, numpy
+2.4.6), Stiefel / Euclid over six runs (torch, NumPy; JAX two):
 
-=================  =======  ===========  =========  ============  ======  ==============
-backend            fwd+bwd  Euclid Adam  ga Euclid  Stiefel-Adam  geoopt  Stiefel/Euclid
-=================  =======  ===========  =========  ============  ======  ==============
-torch, 1 thread       6.24         7.53       7.86          9.25   13.00           1.23×
-numpy (analytic)      2.93         3.56          —          4.53       —           1.27×
-jax (jit)             5.59         7.51       7.34          7.82       —           1.04×
-=================  =======  ===========  =========  ============  ======  ==============
+=================  ==============================  ===========================
+backend            ``--model digits``              ``--model paper`` (3 × 20)
+=================  ==============================  ===========================
+torch, 1 thread    1.09–1.15× (median 1.11×)       1.01–1.04×
+numpy (analytic)   1.20–1.22×                      1.03–1.06×
+jax (jit)          0.97–1.06×                      —
+=================  ==============================  ===========================
 
-JAX first calls (trace + compile): optax step 1.6 s, Stiefel step 5.1 s. The run-to-run spread is about
-±10 % (the previous main, run right after: 1.26× / 1.28× / 0.87×). More (2 threads, ``--model paper``,
-a profile, the machine) in benchmarks/README.md.
+Absolute times, the previous main run alongside, a profile and the machine: benchmarks/README.md.
 """
 
 from __future__ import annotations
