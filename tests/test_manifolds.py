@@ -252,7 +252,8 @@ def test_apply_retraction_equals_apply_section_of_the_retraction(xp, device, man
     """``apply_retraction(λ, W)`` (operation 3 with g(W)E's row blocks handed to the section unassembled)
     equals ``apply_section(λ, retraction(W))`` to 1e-13, and the section's ``coords_blocks``/``apply_blocks``
     equal the row blocks of ``coords``/``apply`` (float64, batched; the Householder and dense sections, and
-    torch's packed one, which its Householder strategy picks for this batch of 16 small frames)."""
+    torch's packed one, which its Householder strategy picks for this batch of 16 small frames); a W that is
+    not horizontal raises TypeError, a section of another manifold ValueError naming lam.Y."""
     M = (Stiefel if manifold == "stiefel" else Grassmann)(9, 3)
     Y = M.random(0, xp=xp, batch_shape=(16,), device=device)
     lam = M.global_section(Y, strategy=strategy)
@@ -267,6 +268,10 @@ def test_apply_retraction_equals_apply_section_of_the_retraction(xp, device, man
     assert_close(lam.apply_blocks(X[..., :3, :], X[..., 3:, :]), lam.apply(X), xp=xp, atol=1e-13)
     with pytest.raises(TypeError, match="W must be a"):
         M.apply_retraction(lam, X, method)
+    other = (Stiefel if manifold == "stiefel" else Grassmann)(10, 3)  # a section of another manifold
+    lam_other = other.global_section(other.random(3, xp=xp, batch_shape=(16,), device=device), strategy=strategy)
+    with pytest.raises(ValueError, match=r"lam.Y must have trailing shape \(9, 3\)"):
+        M.apply_retraction(lam_other, W, method)
 
 
 def test_packed_householder_section_equals_the_compact_wy_form(backend, xp, device):

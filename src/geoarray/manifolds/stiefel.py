@@ -44,8 +44,7 @@ Array = Any
 
 def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
     """g(W)E as an (..., N, n) array (½A = 0 for Grassmann); see :mod:`~geoarray.manifolds.retraction`."""
-    top, bottom = retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
-    return xp.concat([top, bottom], axis=-2)
+    return xp.concat(list(_retract_blocks(halfA, B, xp=xp, method=method, max_doublings=max_doublings)), axis=-2)
 
 
 def _retract_blocks(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
@@ -222,6 +221,7 @@ class OrthonormalFrames(Manifold):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
+        self._check_trailing(lam.Y, "lam.Y", (self.N, self.n))  # a section of another manifold
         method = self._method(method)
         kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
