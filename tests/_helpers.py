@@ -135,3 +135,35 @@ def assert_close(
 
 def max_abs(x: Any) -> float:
     return float(np.max(np.abs(to_numpy(x)))) if np.size(to_numpy(x)) else 0.0
+
+
+# Relative tolerance of two *different* computations of one quantity, per dtype: a few units in the
+# last place, times the growth of rounding over a handful of optimizer steps. Two code paths (a
+# batched and an unbatched product, an autograd wrapper and a direct call, a fused multiply-add where
+# the other path rounds twice) round differently on CPUs with and without AVX-512, so they are never
+# compared bit for bit; bit-equality is kept for the same computation repeated (resume, copies, replicas).
+AGREE_RTOL = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def assert_agree(actual: Any, desired: Any, *, rtol: float | None = None, what: str = "") -> None:
+    """Two different computations of the same array agree: max|a − b| ≤ rtol·max(1, max|b|).
+
+    ``rtol`` defaults to :data:`AGREE_RTOL` for ``desired``'s dtype. Shapes and dtypes must be equal.
+    """
+    dt_a, dt_b = (
+        str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).rsplit(".", 1)[-1] for x in (actual, desired)
+    )
+    assert dt_a == dt_b, f"{what}: dtype {dt_a}, expected {dt_b}"
+    if rtol is None:
+        rtol = AGREE_RTOL[dt_b]
+
+    def host(x: Any) -> np.ndarray:
+        if dt_b in ("float16", "bfloat16") and not isinstance(x, np.ndarray):  # NumPy has no bfloat16
+            x = array_namespace(x).astype(x, array_namespace(x).float32)
+        return to_numpy(x).astype(np.float64)
+
+    a64, b64 = host(actual), host(desired)
+    assert a64.shape == b64.shape, f"{what}: shape {a64.shape}, expected {b64.shape}"
+    scale = max(1.0, float(np.max(np.abs(b64)))) if b64.size else 1.0
+    err = float(np.max(np.abs(a64 - b64))) if b64.size else 0.0
+    assert err <= rtol * scale, f"{what}: max|a - b| = {err:.3e} > {rtol:.1e} x {scale:.3g}"

@@ -1,6 +1,7 @@
-"""geoarray.torch optimizers: torch.optim.Optimizer subclasses that equal the array-API core bit for bit.
+"""geoarray.torch optimizers: torch.optim.Optimizer subclasses that equal the array-API core.
 
-Properties: a step equals ``geoarray.optim``'s update on the same weights and gradients (torch.equal,
+Properties: a step equals ``geoarray.optim``'s update on the same weights and gradients (to
+``_helpers.AGREE_RTOL``: two code paths, which round differently on CPUs with and without AVX-512;
 per param group with its own hyperparameters, plain tensors Euclidean); parameters stay leaves and
 backward works after a step; grads that are None are skipped; state_dict resumes bit-exactly (also
 through ``torch.save``/``torch.load(weights_only=True)``); GradScaler's skipped steps change nothing;
@@ -16,6 +17,7 @@ import io
 import pytest
 
 import geoarray
+from _helpers import assert_agree
 from geoarray import Grassmann, Stiefel, optim
 
 # torch_only, torch and gt: tests/conftest.py
@@ -81,14 +83,14 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_step_equals_core_update_bit_for_bit(torch, gt, device, name):
+def test_step_equals_core_update(torch, gt, device, name):
     make_torch, make_core = CASES[name]
     params = _weights(torch, gt, device)
     ref, _ = _run_core(make_core(), params, 4, MANIFOLDS)
     opt = make_torch(gt, params)
     _run_torch(opt, params, 4)
     for k, (p, r) in enumerate(zip(params, ref, strict=True)):
-        assert torch.equal(p.detach(), r), f"{name}: parameter {k} differs from the core"
+        assert_agree(p.detach(), r, what=f"{name}: parameter {k} against the core")
         assert p.grad_fn is None and p.is_leaf
     for p, m in zip(params, MANIFOLDS, strict=True):
         if m is not None:
@@ -101,7 +103,7 @@ def test_param_groups_have_their_own_hyperparameters(torch, gt, device):
     _run_torch(opt, params, 3)
     exp_a, exp_b = _split_reference(torch, gt, device)
     for p, r in zip(params, exp_a + exp_b, strict=True):
-        assert torch.equal(p.detach(), r)
+        assert_agree(p.detach(), r)
 
 
 def _split_reference(torch, gt, device):
@@ -132,7 +134,7 @@ def test_lr_is_read_at_every_step_and_other_changes_rebuild_the_core(torch, gt, 
     for t in (2, 3):
         leaves, state = core.update(leaves, _grads(torch, leaves, t), state)
     for p, r in zip(params, leaves, strict=True):
-        assert torch.equal(p.detach(), r)
+        assert_agree(p.detach(), r)
 
 
 def test_lr_scheduler_drives_the_rate(torch, gt, device):
@@ -148,7 +150,7 @@ def test_lr_scheduler_drives_the_rate(torch, gt, device):
         state = core.init(leaves, MANIFOLDS)
         leaves, state = core.update(leaves, _grads(torch, leaves, t), state)
     for p, r in zip(params, leaves, strict=True):
-        assert torch.equal(p.detach(), r)
+        assert_agree(p.detach(), r)
 
 
 def test_backward_works_after_steps_and_params_stay_leaves(torch, gt, device):
@@ -198,7 +200,7 @@ def test_params_without_grad_are_skipped_and_join_later(torch, gt, device):
     core = geoarray.optim.Adam(0.05)
     state = core.init([before[2]], [MANIFOLDS[2]])
     (expected,), _ = core.update([before[2]], [grads2[2]], state)
-    assert torch.equal(params[2].detach(), expected)
+    assert_agree(params[2].detach(), expected)
     # a step where only part of a cohort has gradients is refused, naming the missing one, nothing changed
     snapshot = [p.detach().clone() for p in params]
     sd = copy.deepcopy(opt.state_dict())
@@ -358,13 +360,15 @@ def test_generic_optimizer_takes_a_core_or_a_transform(torch, gt, device):
     opt = gt.Optimizer(params, transform)
     _run_torch(opt, params, 2)
     ref, _ = _run_core(geoarray.optim.riemannian(transform), _weights(torch, gt, device), 2, MANIFOLDS)
-    assert all(torch.equal(p.detach(), r) for p, r in zip(params, ref, strict=True))
+    for p, r in zip(params, ref, strict=True):
+        assert_agree(p.detach(), r)
 
     params = _weights(torch, gt, device)
     opt = gt.Optimizer(params, geoarray.optim.Momentum(0.1, 0.5))
     _run_torch(opt, params, 2)
     ref, _ = _run_core(geoarray.optim.Momentum(0.1, 0.5), _weights(torch, gt, device), 2, MANIFOLDS)
-    assert all(torch.equal(p.detach(), r) for p, r in zip(params, ref, strict=True))
+    for p, r in zip(params, ref, strict=True):
+        assert_agree(p.detach(), r)
     with pytest.raises(TypeError, match="core must be"):
         gt.Optimizer(params, 3)
 
@@ -414,7 +418,7 @@ def test_grad_of_another_dtype_raises_by_name_before_anything_changes(torch, gt,
 def test_half_precision_manifold_weights_step_in_float32(torch, gt, device, half):
     """A Stiefel ManifoldParameter in float16/bfloat16 (built directly or by ``module.to`` before the first step)
     is stepped in float32 and written back in its dtype: it moves, stays orthonormal to its own rounding
-    (4e-3 / 3e-2), and equals the core optimizer on the same half-precision tensors bit for bit."""
+    (4e-3 / 3e-2), and equals the core optimizer on the same half-precision tensors (to AGREE_RTOL of the dtype)."""
     dtype = getattr(torch, half)
     M = Stiefel(6, 2)
     point = M.random(0, xp=torch, dtype=torch.float64, device=device)
@@ -436,7 +440,8 @@ def test_half_precision_manifold_weights_step_in_float32(torch, gt, device, half
         ref, ref_state = core.update(ref, grads, ref_state)
     w = module.w.detach()
     assert w.dtype == dtype and module.b.dtype == dtype
-    assert torch.equal(w, ref["w"]) and torch.equal(module.b.detach(), ref["b"])
+    assert_agree(w, ref["w"], what="w")
+    assert_agree(module.b.detach(), ref["b"], what="b")
     assert float((w.float() - before.float()).abs().max()) > 1e-2
     err = float((w.float().mT @ w.float() - torch.eye(2, device=device)).abs().max())
     assert err <= {"float16": 4e-3, "bfloat16": 3e-2}[half], err
@@ -530,7 +535,8 @@ def test_a_gradient_on_another_device_is_refused_by_name(torch, gt, device):
 
 def test_manifold_muon_as_a_torch_optimizer_equals_the_core_and_resumes(torch, gt, device):
     """geoarray.torch.ManifoldMuon on Stiefel/Grassmann ManifoldParameters and a plain matrix (the bias goes to
-    Adam in a second optimizer): bit-equal to the core's update, and a state_dict round trip resumes exactly."""
+    Adam in a second optimizer): equal to the core's update (AGREE_RTOL), and a state_dict round trip resumes
+    bit-exactly."""
     params = _weights(torch, gt, device)[:4]
     core = geoarray.optim.ManifoldMuon(lr=0.02)
     tree = [p.detach().clone() for p in params]
@@ -543,7 +549,7 @@ def test_manifold_muon_as_a_torch_optimizer_equals_the_core_and_resumes(torch, g
         opt.step()
         tree, state = core.update(tree, [g.clone() for g in grads], state)
     for p, q in zip(params, tree, strict=True):
-        assert torch.equal(p.detach(), q)
+        assert_agree(p.detach(), q)
     saved = opt.state_dict()
     twin = [
         torch.nn.Parameter(p.detach().clone())
