@@ -67,7 +67,7 @@ def _run_torch(opt, params, n_steps, start=0):
 
 CASES = {
     "Adam": (
-        lambda gt, ps, **kw: gt.Adam(ps, lr=0.05, betas=(0.8, 0.95), **kw),
+        lambda gt, ps, **kw: gt.PaperAdam(ps, lr=0.05, betas=(0.8, 0.95), **kw),
         lambda: geoarray.optim.Adam(0.05, 0.8, 0.95),
     ),
     "Momentum": (
@@ -99,7 +99,7 @@ def test_step_equals_core_update(torch, gt, device, name):
 
 def test_param_groups_have_their_own_hyperparameters(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2, "betas": (0.5, 0.9)}], lr=0.05)
+    opt = gt.PaperAdam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2, "betas": (0.5, 0.9)}], lr=0.05)
     _run_torch(opt, params, 3)
     exp_a, exp_b = _split_reference(torch, gt, device)
     for p, r in zip(params, exp_a + exp_b, strict=True):
@@ -121,7 +121,7 @@ def _split_reference(torch, gt, device):
 
 def test_lr_is_read_at_every_step_and_other_changes_rebuild_the_core(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam(params, lr=0.05)
+    opt = gt.PaperAdam(params, lr=0.05)
     _run_torch(opt, params, 2)
     opt.param_groups[0]["lr"] = 0.01  # what torch's LR schedulers do
     opt.param_groups[0]["delta"] = 1e-4  # rebuilds the core, keeps the moments
@@ -155,7 +155,7 @@ def test_lr_scheduler_drives_the_rate(torch, gt, device):
 
 def test_backward_works_after_steps_and_params_stay_leaves(torch, gt, device):
     model = torch.nn.Sequential(gt.nn.StiefelLayer(8, 3, device=device), gt.nn.Dense(8, 2, "tanh", device=device))
-    opt = gt.Adam(model.parameters(), lr=1e-2)
+    opt = gt.PaperAdam(model.parameters(), lr=1e-2)
     x = torch.randn(16, 3, dtype=torch.float64, device=device)
     losses = []
     for _ in range(5):
@@ -184,7 +184,7 @@ def test_zero_grad(torch, gt, device):
 def test_params_without_grad_are_skipped_and_join_later(torch, gt, device):
     params = _weights(torch, gt, device)
     frozen_before = params[2].detach().clone()
-    opt = gt.Adam(params, lr=0.05)
+    opt = gt.PaperAdam(params, lr=0.05)
     # step 1: parameter 2 has no gradient
     grads = _grads(torch, params, 0)
     for k, (p, g) in enumerate(zip(params, grads, strict=True)):
@@ -224,7 +224,7 @@ def _assert_state_equal(torch, a, b):
 
 def test_state_dict_resumes_bit_exactly_through_torch_save(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2}], lr=0.05, section="rotated")
+    opt = gt.PaperAdam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2}], lr=0.05, section="rotated")
     _run_torch(opt, params, 3)
     buf = io.BytesIO()
     torch.save({"opt": opt.state_dict(), "w": [p.detach() for p in params]}, buf)
@@ -236,7 +236,7 @@ def test_state_dict_resumes_bit_exactly_through_torch_save(torch, gt, device):
     with torch.no_grad():
         for p, w in zip(fresh, ckpt["w"], strict=True):
             p.copy_(w)
-    opt2 = gt.Adam([{"params": fresh[:3]}, {"params": fresh[3:]}], lr=0.05, section="rotated")
+    opt2 = gt.PaperAdam([{"params": fresh[:3]}, {"params": fresh[3:]}], lr=0.05, section="rotated")
     opt2.load_state_dict(ckpt["opt"])
     assert opt2.param_groups[1]["lr"] == 0.2
     _run_torch(opt2, fresh, 3, start=3)
@@ -246,7 +246,7 @@ def test_state_dict_resumes_bit_exactly_through_torch_save(torch, gt, device):
 
 def test_deepcopy_of_model_and_optimizer_continues_identically(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2}], lr=0.05)
+    opt = gt.PaperAdam([{"params": params[:3]}, {"params": params[3:], "lr": 0.2}], lr=0.05)
     _run_torch(opt, params, 2)
     opt2 = copy.deepcopy(opt)  # copies the parameters it holds, and the state with them
     params2 = [p for g in opt2.param_groups for p in g["params"]]
@@ -276,7 +276,7 @@ def test_load_state_dict_of_another_optimizer_raises_and_changes_nothing(torch, 
     params = _weights(torch, gt, device)
     mom = gt.Momentum(params, lr=0.1)
     _run_torch(mom, params, 1)
-    adam = gt.Adam(params, lr=0.05)
+    adam = gt.PaperAdam(params, lr=0.05)
     _run_torch(adam, params, 1)
     before = copy.deepcopy(adam.state_dict())
     with pytest.raises(ValueError, match="another optimizer"):
@@ -292,8 +292,8 @@ def test_grad_scaler_skips_inf_steps_and_unscales_exactly(torch, gt, device):
         pytest.skip("the GradScaler test runs the CPU scaler")
     params = _weights(torch, gt, device)
     twin = [copy.deepcopy(p) for p in params]
-    opt = gt.Adam(params, lr=0.05)
-    ref = gt.Adam(twin, lr=0.05)
+    opt = gt.PaperAdam(params, lr=0.05)
+    ref = gt.PaperAdam(twin, lr=0.05)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
 
     def scaled_step(t, poison=False):
@@ -322,7 +322,7 @@ def test_grad_scaler_skips_inf_steps_and_unscales_exactly(torch, gt, device):
 
 def test_nonfinite_grad_without_scaler_is_skipped_by_the_core(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam(params, lr=0.05)
+    opt = gt.PaperAdam(params, lr=0.05)
     _run_torch(opt, params, 1)
     snapshot = [p.detach().clone() for p in params]
     grads = _grads(torch, params, 1)
@@ -340,7 +340,7 @@ def test_compiled_model_trains_like_the_eager_one(torch, gt, device):
     model = torch.nn.Sequential(gt.nn.StiefelLayer(8, 3, device=device), gt.nn.Dense(8, 2, "tanh", device=device))
     twin = copy.deepcopy(model)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
-    opt, opt_twin = gt.Adam(model.parameters(), lr=1e-2), gt.Adam(twin.parameters(), lr=1e-2)
+    opt, opt_twin = gt.PaperAdam(model.parameters(), lr=1e-2), gt.PaperAdam(twin.parameters(), lr=1e-2)
     x = torch.randn(16, 3, dtype=torch.float64, device=device)
     for _ in range(3):
         for net, o in ((compiled, opt), (twin, opt_twin)):
@@ -381,12 +381,12 @@ def test_wrong_shape_dtype_or_off_manifold_weights_are_refused_by_name(torch, gt
     good = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
     wrong_shape = gt.ManifoldParameter(torch.zeros(6, 3, dtype=torch.float64, device=device), M, check=False)
     with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] has shape \(6, 3\)"):
-        gt.Adam([good, wrong_shape])
+        gt.PaperAdam([good, wrong_shape])
     with pytest.raises(ValueError, match=r"'head' has shape \(6, 3\)"):
-        gt.Adam([("w", good), ("head", wrong_shape)])
+        gt.PaperAdam([("w", good), ("head", wrong_shape)])
     cplx = gt.ManifoldParameter(torch.zeros(6, 2, dtype=torch.complex128, device=device), M, check=False)
     with pytest.raises(TypeError, match=r"\[0\] lives on Stiefel\(6, 2\) and must have a real floating dtype"):
-        gt.Adam([cplx])
+        gt.PaperAdam([cplx])
     skewed = gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M, check=False)
     opt = gt.Gradient([{"params": [good]}, {"params": [skewed]}])  # values are checked at the first step
     good.grad, skewed.grad = torch.ones_like(good), torch.ones_like(skewed)
@@ -397,12 +397,12 @@ def test_wrong_shape_dtype_or_off_manifold_weights_are_refused_by_name(torch, gt
     with pytest.raises(ValueError, match="data is not a point of Stiefel"):
         gt.ManifoldParameter(2 * M.random(1, xp=torch, dtype=torch.float64, device=device), M)
     with pytest.raises(ValueError, match="beta2 must be"):
-        gt.Adam([good], betas=(0.9, 1.5))
+        gt.PaperAdam([good], betas=(0.9, 1.5))
 
 
 def test_grad_of_another_dtype_raises_by_name_before_anything_changes(torch, gt, device):
     params = _weights(torch, gt, device)
-    opt = gt.Adam([{"params": params[:3]}, {"params": params[3:]}], lr=0.05)
+    opt = gt.PaperAdam([{"params": params[:3]}, {"params": params[3:]}], lr=0.05)
     snapshot = [p.detach().clone() for p in params]
     for p, g in zip(params, _grads(torch, params, 0), strict=True):
         p.grad = g
@@ -426,7 +426,7 @@ def test_half_precision_manifold_weights_step_in_float32(torch, gt, device, half
     module = torch.nn.Module()
     module.w = gt.ManifoldParameter(point.to(torch.float32), M)
     module.b = torch.nn.Parameter(torch.zeros(3, dtype=dtype, device=device))
-    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    opt = gt.PaperAdam(module.named_parameters(), lr=0.05)
     module.to(dtype)
     assert torch.equal(module.w.detach(), direct.detach())
     core = optim.Adam(lr=0.05)
@@ -455,19 +455,19 @@ def test_resuming_a_drifted_float32_weight_is_not_refused(torch, gt, device):
     M = Stiefel(6, 2)
     module = torch.nn.Module()
     module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32, device=device), M)
-    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    opt = gt.PaperAdam(module.named_parameters(), lr=0.05)
     module.w.grad = _grads(torch, [module.w], 0)[0].float()
     opt.step()
     with torch.no_grad():
         module.w.mul_(1 + 1.5e-4)  # |YᵀY − I| ≈ 3e-4 on the diagonal
     assert not M.is_point(module.w.detach()) and M.is_point(module.w.detach(), atol=1e-3)
-    fresh = gt.Adam(module.named_parameters(), lr=0.05)
+    fresh = gt.PaperAdam(module.named_parameters(), lr=0.05)
     module.w.grad = torch.ones_like(module.w)
     with pytest.raises(ValueError, match=r"'w' is not a point of Stiefel\(6, 2\)"):
         fresh.step()
 
     twin = copy.deepcopy(module)
-    loaded = gt.Adam(twin.named_parameters(), lr=0.05)
+    loaded = gt.PaperAdam(twin.named_parameters(), lr=0.05)
     loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
     copied_module = copy.deepcopy(module)
     copied = copy.deepcopy(opt)
@@ -491,7 +491,7 @@ def test_a_model_converted_after_the_first_step_is_refused_by_name(torch, gt, de
     M = Stiefel(6, 2)
     module = torch.nn.Module()
     module.w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
-    opt = gt.Adam(module.named_parameters(), lr=0.05)
+    opt = gt.PaperAdam(module.named_parameters(), lr=0.05)
     module.w.grad = _grads(torch, [module.w], 0)[0]
     opt.step()
     saved = copy.deepcopy(opt.state_dict()["geoarray"]["groups"][0][0]["leaves"])
@@ -524,7 +524,7 @@ def test_a_gradient_on_another_device_is_refused_by_name(torch, gt, device):
     p = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
     with pytest.raises(RuntimeError, match="device"):
         p.grad = torch.empty(6, 2, dtype=torch.float64, device="meta")
-    opt = gt.Adam([p])
+    opt = gt.PaperAdam([p])
     stand_in = SimpleNamespace(
         grad=torch.empty(6, 2, dtype=torch.float64, device="meta"), dtype=p.dtype, device=p.device, shape=p.shape
     )

@@ -6,9 +6,14 @@
     loss = layer(x).square().sum(); loss.backward(); opt.step(); opt.zero_grad()
 
 * :class:`ManifoldParameter` (:mod:`.parameter`): an ``nn.Parameter`` carrying its manifold.
-* :class:`Optimizer`, :class:`Adam`, :class:`Momentum`, :class:`Gradient`, :class:`AdamWithDecay`
-  (:mod:`.optim`): ``torch.optim.Optimizer`` subclasses running geoarray's array-API optimizer core
-  (Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*).
+* :class:`Adam`, :class:`AdamW`, :class:`SGD` (:mod:`.conventions`): ``torch.optim``'s signatures,
+  defaults and formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
+  ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
+  it was ``Adam`` before). :class:`Optimizer`, :class:`Momentum`, :class:`Gradient`,
+  :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optim`): ``torch.optim.Optimizer``
+  subclasses running geoarray's array-API optimizer core (Algorithm 1 of Brantner, *Generalizing Adam to
+  Manifolds for Efficiently Training Transformers*). Every one works with every
+  ``torch.optim.lr_scheduler`` (every param group carries ``lr``).
 * :mod:`.nn`: ``nn.Module`` wrappers of every :mod:`geoarray.nn` layer and a generic :class:`nn.Module`
   for any layer-contract object (models included); analytic pullbacks as an option.
 
@@ -36,18 +41,34 @@ and are unaffected.
 from __future__ import annotations
 
 from . import nn
-from .optim import Adam, AdamWithDecay, Gradient, ManifoldMuon, Momentum, Muon, Optimizer
+from .optim import (
+    SGD,
+    Adam,
+    AdamW,
+    AdamWithDecay,
+    BrantnerAdam,
+    Gradient,
+    ManifoldMuon,
+    Momentum,
+    Muon,
+    Optimizer,
+    PaperAdam,
+)
 from .parameter import ManifoldParameter, manifold_of
 
 __all__ = [
+    "SGD",
     "Adam",
+    "AdamW",
     "AdamWithDecay",
+    "BrantnerAdam",
     "Gradient",
     "ManifoldMuon",
     "ManifoldParameter",
     "Momentum",
     "Muon",
     "Optimizer",
+    "PaperAdam",
     "manifold_of",
     "nn",
 ]

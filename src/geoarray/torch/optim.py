@@ -63,12 +63,28 @@ from ..optim.riemannian import RiemannianOptimizer, RiemannianState
 from ..optim.transforms import GradientTransformation
 from .parameter import check_manifold_tensor, manifold_of
 
-__all__ = ["Adam", "AdamWithDecay", "Gradient", "ManifoldMuon", "Momentum", "Muon", "Optimizer"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "AdamWithDecay",
+    "BrantnerAdam",
+    "Gradient",
+    "ManifoldMuon",
+    "Momentum",
+    "Muon",
+    "Optimizer",
+    "PaperAdam",
+]
 
 _FORMAT = "geoarray.torch.Optimizer"
 _FORMAT_VERSION = 1
 _OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
 _NOT_HYPER = frozenset({"params", "param_names", "lr", "initial_lr"})
+# keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
+# neither hyperparameters of the core nor unknown keys
+_SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+_BOOKKEEPING = frozenset({"params", "param_names"}) | _SCHEDULER_KEYS
 
 
 @dataclass
@@ -86,14 +102,51 @@ class _Cohort:
 
 class _LiveLR:
     """A learning-rate "schedule" that reads the param group's current ``lr`` at every step, so that
-    torch's LR schedulers (which write ``group["lr"]``) drive the core without rebuilding it."""
+    torch's LR schedulers (which write ``group["lr"]``) drive the core without rebuilding it.
 
-    def __init__(self, optimizer: Optimizer, group_index: int):
+    ``key``/``index`` read another hyperparameter the same way (``group["betas"][0]``: OneCycleLR's
+    momentum cycling); ``reference`` divides the value (a factor relative to the rate a core was built
+    with)."""
+
+    def __init__(self, optimizer: Optimizer, group_index: int, key: str = "lr", index: int | None = None,
+                 reference: float = 1.0):  # fmt: skip
         self._optimizer = weakref.ref(optimizer)
         self._group_index = group_index
+        self._key, self._index, self._reference = key, index, reference
 
-    def __call__(self, t: Any) -> Any:
-        return self._optimizer().param_groups[self._group_index]["lr"]
+    def __call__(self, t: Any = None) -> Any:
+        value = self._optimizer().param_groups[self._group_index][self._key]
+        if self._index is not None:
+            value = value[self._index]
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        return value if self._reference == 1.0 else value / self._reference
+
+
+def _scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
+    """``transform`` with its output multiplied by ``factor()`` read at every step, and the same state
+    (so a learning-rate change in the param group scales the velocity W = −η·direction without
+    changing the state's structure)."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        out, state = transform.update(updates, state, params)
+        f = factor()
+        return (out if f == 1.0 else optree.tree_map(lambda u: f * u, out)), state
+
+    return GradientTransformation(
+        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None)
+    )
+
+
+def _core_lr(core: Any) -> float | None:
+    """The constant learning rate a core was built with, where it says (``core.lr``), else None."""
+    lr = getattr(core, "lr", None)
+    try:
+        value = lr(1) if callable(lr) else lr
+        value = float(value)
+    except Exception:  # a schedule that needs an array step: no constant rate
+        return None
+    return value if value > 0 and value != float("inf") else None
 
 
 def _check_lr(lr: Any, name: str = "lr") -> None:
@@ -116,7 +169,20 @@ class Optimizer(torch.optim.Optimizer):
       hyperparameters: it is called again when a hyperparameter of the group (any key but ``params``,
       ``param_names``) changes.
 
-    ``defaults`` are the default group hyperparameters, as in ``torch.optim.Optimizer``.
+    ``defaults`` are the default group hyperparameters, as in ``torch.optim.Optimizer``. A key in a
+    param group that is neither in ``defaults`` nor one of the core's options above is refused
+    (``ValueError``) — except with a callable ``core`` and no ``defaults``, whose groups are the
+    factory's to read.
+
+    **Learning rate.** Every param group carries ``lr``, so every ``torch.optim.lr_scheduler`` works.
+    For a core whose update is the Riemannian wrapper's (geoarray's Adam, Momentum, Gradient, BFGS,
+    ``riemannian(...)``), the group's ``lr`` scales the velocity W = −η·direction relative to the rate
+    the core was built with, read at every step without rebuilding it: ``lr`` starts at the core's
+    own rate (``core.lr``) where it has a constant one, else at 1.0 (a pure factor; for a factory,
+    relative to the group's ``lr`` when the core was built). Halving ``group["lr"]`` halves the step.
+    Other cores (ManifoldMuon, Muon) are rebuilt from a factory when ``lr`` changes; a core instance
+    of that kind cannot take a new rate and a change is refused with a ``ValueError`` (use
+    :class:`ManifoldMuon`/:class:`Muon` of this module, or a factory).
     """
 
     def __init__(
@@ -125,19 +191,45 @@ class Optimizer(torch.optim.Optimizer):
         core: RiemannianOptimizer | GradientTransformation | Callable[[dict], RiemannianOptimizer],
         defaults: dict | None = None,
     ):
+        defaults = dict(defaults or {})
+        # the keys a group may hold (None: any; a factory without defaults reads what it likes)
+        self._known: frozenset | None = frozenset(defaults) | {"lr"}
+        self._lr_reference: float | None = None  # None: the group's lr when the core was built
+        self._lr_rebuilds = False  # True: lr changes rebuild the core (it cannot be scaled)
         if isinstance(core, RiemannianOptimizer):
-            self._factory = lambda group, proto=core: copy.copy(proto)
+            self._lr_reference = _core_lr(core) or 1.0
+            self._factory = lambda group, proto=core: self._copy_core(proto, group)
         elif callable(getattr(core, "init", None)) and callable(getattr(core, "update", None)):
+            self._lr_reference = 1.0
+            self._known |= set(_OPTIONS)
             self._factory = lambda group, t=core: _optim.riemannian(t, **{k: group[k] for k in _OPTIONS if k in group})
         elif callable(core):
             self._factory = core
-        else:
+            if not defaults:
+                self._known = None
+        elif not isinstance(self, _Method):
             raise TypeError(
                 "core must be a geoarray.optim.RiemannianOptimizer, a gradient transformation or a callable "
                 f"group -> RiemannianOptimizer, got {type(core).__name__}"
             )
+        if not isinstance(self, _Method):
+            defaults.setdefault("lr", self._lr_reference or 1.0)
         self._cohorts: list[list[_Cohort]] = []
-        super().__init__(params, dict(defaults or {}))
+        super().__init__(params, defaults)
+
+    def _copy_core(self, proto: RiemannianOptimizer, group: dict) -> RiemannianOptimizer:
+        core = copy.copy(proto)
+        if type(core).update is not RiemannianOptimizer.update:
+            lr = group.get("lr", self._lr_reference)
+            if isinstance(lr, torch.Tensor):
+                lr = lr.item()
+            if lr != self._lr_reference:
+                raise ValueError(
+                    f"param group lr was changed to {lr!r}, but the core {type(proto).__name__} took its learning "
+                    f"rate ({self._lr_reference!r}) at construction and cannot take another; use "
+                    f"geoarray.torch.{type(proto).__name__} (its param groups carry lr) or a factory core(group)"
+                )
+        return core
 
     # -- groups ------------------------------------------------------------------------------------
 
@@ -145,10 +237,38 @@ class Optimizer(torch.optim.Optimizer):
         core = self._factory(group)
         if not isinstance(core, RiemannianOptimizer):
             raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
-        return core
+        if isinstance(self, _Method):
+            return core
+        if type(core).update is not RiemannianOptimizer.update:
+            self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
+            return core
+        gi = next((i for i, g in enumerate(self.param_groups) if g is group), None)
+        if gi is None:
+            return core  # the probe core of a group being added
+        reference = self._lr_reference
+        if reference is None:
+            reference = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else float(group["lr"])
+        scaled = copy.copy(core)
+        scaled.transform = _scaled(core.transform, _LiveLR(self, gi, reference=reference))
+        return scaled
+
+    def _live_keys(self) -> tuple[str, ...]:
+        """Hyperparameters read at every step (their changes need no new core)."""
+        return () if self._lr_rebuilds else ("lr",)
 
     def _hyper_key(self, group: dict) -> tuple:
-        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _NOT_HYPER)
+        live = self._live_keys()
+        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _BOOKKEEPING and k not in live)
+
+    def _check_group_keys(self, group: dict, gi: int) -> None:
+        if self._known is None:
+            return
+        unknown = sorted(k for k in group if k not in self._known and k not in _BOOKKEEPING and k != "params")
+        if unknown:
+            raise ValueError(
+                f"param_groups[{gi}] has keys {unknown} that {type(self).__name__} does not know (it takes "
+                f"{sorted(self._known)}); remove them or fix their spelling"
+            )
 
     @staticmethod
     def _name(group: dict, group_index: int, i: int) -> str:
@@ -163,6 +283,7 @@ class Optimizer(torch.optim.Optimizer):
         items = param_group["params"]
         items = [items] if isinstance(items, torch.Tensor) else list(items)  # may be a generator
         param_group["params"] = items
+        self._check_group_keys(param_group, gi)
         probe = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
         if "lr" in probe:
             _check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
@@ -467,7 +588,12 @@ def _options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape:
 
 
 class _Method(Optimizer):
-    """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``."""
+    """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``.
+
+    The keys in ``_LIVE`` are read from the group at every step (no new core when a scheduler changes
+    them); a change of any other key builds a new core that keeps the state."""
+
+    _LIVE: tuple[str, ...] = ("lr",)
 
     def __init__(self, params: Iterable[Any], defaults: dict):
         super().__init__(params, self._core_for, defaults)
@@ -475,12 +601,20 @@ class _Method(Optimizer):
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         raise NotImplementedError
 
-    def _lr(self, group: dict) -> Any:
-        # while a group is being added it has no index yet: its constant lr builds the probe core
+    def _live_keys(self) -> tuple[str, ...]:
+        return self._LIVE
+
+    def _live(self, group: dict, key: str = "lr", index: int | None = None) -> Any:
+        """``group[key]`` (or ``group[key][index]``) as a function read at every step; while a group is
+        being added it has no index yet, and its constant value builds the probe core."""
         for gi, g in enumerate(self.param_groups):
             if g is group:
-                return _LiveLR(self, gi)
-        return float(group["lr"])
+                return _LiveLR(self, gi, key, index)
+        value = group[key] if index is None else group[key][index]
+        return value.item() if isinstance(value, torch.Tensor) else float(value)
+
+    def _lr(self, group: dict) -> Any:
+        return self._live(group, "lr")
 
     @staticmethod
     def _opts(group: dict) -> dict:
@@ -534,12 +668,17 @@ class Momentum(_Method):
         return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
 
 
-class Adam(_Method):
-    """Adam on g^hor (eqs. 5–6 of Brantner's paper; :class:`geoarray.optim.Adam`) as a ``torch.optim.Optimizer``.
+class PaperAdam(_Method):
+    """Adam on g^hor exactly as Brantner's paper writes it (eqs. 5–6; :class:`geoarray.optim.Adam`)
+    as a ``torch.optim.Optimizer``: the paper's variant of :class:`geoarray.torch.Adam`.
 
     ``betas = (β₁, β₂)`` as in ``torch.optim.Adam``; ``delta`` sits inside the square root as eq. 6
     prints it, ``eps`` outside as in torch (W = −η B₁ / (√(B₂ + δ) + ε)). Defaults are the paper's
-    Table 1.
+    Table 1 (β = (0.9, 0.99), δ = 3·10⁻⁷, ε = 0), chosen by the core's multi-seed measurements (see
+    :class:`geoarray.optim.Adam`). Until this release ``geoarray.torch.Adam`` was this class; it now
+    takes ``torch.optim.Adam``'s arguments and defaults, and ``PaperAdam(params, lr)`` is the old
+    ``Adam(params, lr)`` unchanged. Changing ``betas``/``delta``/``eps`` in a group builds a new core
+    (:class:`geoarray.torch.Adam` reads them at every step).
     """
 
     def __init__(
@@ -572,12 +711,17 @@ class Adam(_Method):
         return _optim.Adam(self._lr(group), betas[0], betas[1], group["delta"], eps=group["eps"], **self._opts(group))
 
 
+#: the name of the paper's variant before ``geoarray.torch.Adam`` took torch's conventions
+BrantnerAdam = PaperAdam
+
+
 class AdamWithDecay(_Method):
     """Adam with a learning rate decaying geometrically from ``lr_start`` to ``lr_end``
     (:class:`geoarray.optim.AdamWithDecay`): give ``n_steps``, or ``n_epochs`` with ``steps_per_epoch``.
 
-    The rate is part of the optimizer state (its step counter), so param groups carry no ``lr`` and
-    torch LR schedulers do not apply.
+    The decay is part of the optimizer state (its step counter). Param groups carry ``lr``, which
+    starts at ``lr_start`` and scales the whole curve: η_t = decay(t)·lr/lr_start, so a torch LR
+    scheduler (which edits ``lr``) multiplies the decayed rate.
     """
 
     def __init__(
@@ -598,6 +742,7 @@ class AdamWithDecay(_Method):
         seed: int = 0,
     ):
         defaults = {
+            "lr": lr_start,
             "n_steps": n_steps,
             "lr_start": lr_start,
             "lr_end": lr_end,
@@ -611,7 +756,7 @@ class AdamWithDecay(_Method):
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         b1, b2 = group["betas"]
-        return _optim.AdamWithDecay(
+        core = _optim.AdamWithDecay(
             group["n_steps"],
             group["lr_start"],
             group["lr_end"],
@@ -622,24 +767,58 @@ class AdamWithDecay(_Method):
             steps_per_epoch=group["steps_per_epoch"],
             **self._opts(group),
         )
+        factor = self._live(group, "lr")
+        if callable(factor):
+            factor._reference = float(group["lr_start"])
+            core.transform = _scaled(core.transform, factor)
+        return core
 
 
-class ManifoldMuon(Optimizer):
+class ManifoldMuon(_Method):
     """:class:`geoarray.optim.ManifoldMuon` as a ``torch.optim.Optimizer``: manifold Muon on
     ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
 
-    One core serves every param group (its ``lr`` is fixed at construction: torch's LR schedulers,
-    which edit ``group["lr"]``, do not reach it). Vectors and scalars are refused with a pointer to a
-    second optimizer: give them ``geoarray.torch.Adam``.
+    Every argument is a param-group hyperparameter (``lr``, ``momentum``, ``nesterov``,
+    ``weight_decay``, …, as in ``torch.optim.Muon``), so torch's LR schedulers work; a change builds a
+    new core for the group, keeping its state (the rate enters the core's compressed retraction). Vectors
+    and scalars are refused with a pointer to a second optimizer: give them ``geoarray.torch.Adam``.
     """
 
+    _LIVE = ()
+    _CORE = _optim.ManifoldMuon
+
     def __init__(self, params: Iterable[Any], lr: float = 5e-3, **kwargs: Any):
-        super().__init__(params, _optim.ManifoldMuon(lr, **kwargs))
+        import inspect
+
+        signature = inspect.signature(self._CORE.__init__)
+        defaults = {
+            name: par.default
+            for name, par in signature.parameters.items()
+            if name not in ("self", "lr") and par.default is not inspect.Parameter.empty
+        }
+        unknown = sorted(set(kwargs) - set(defaults))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
+            )
+        self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
+        super().__init__(params, {"lr": lr, **defaults, **kwargs})
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        kwargs = {k: v for k, v in group.items() if k not in _BOOKKEEPING and k != "lr"}
+        lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+        return self._CORE(lr, **kwargs)
 
 
-class Muon(Optimizer):
+class Muon(ManifoldMuon):
     """:class:`geoarray.optim.Muon` — ``torch.optim.Muon``'s algorithm through the array-API core — as a
     ``torch.optim.Optimizer``, for plain matrix tensors (see :class:`ManifoldMuon` for the limits)."""
 
+    _CORE = _optim.Muon
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, **kwargs: Any):
-        super().__init__(params, _optim.Muon(lr, **kwargs))
+        super().__init__(params, lr, **kwargs)
+
+
+# torch's conventions (torch.optim.Adam, AdamW, SGD): their own module, re-exported here
+from .conventions import SGD, Adam, AdamW  # noqa: E402
