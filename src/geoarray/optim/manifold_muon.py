@@ -126,8 +126,10 @@ class ManifoldMuon(_MatrixGrouping):
         ns_dtype: Any = None,
         group_same_shape: bool = True,
     ):
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
+        # CosineAnnealingLR reach it
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+            raise ValueError(f"lr must be a non-negative number, got {lr!r}")
         if retraction not in _RETRACTIONS:
             raise ValueError(f"retraction must be one of {_RETRACTIONS}, got {retraction!r}")
         if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:

@@ -15,9 +15,11 @@ the paper's vision transformer cost one call, not 336.
 What it does as a ``torch.optim.Optimizer``:
 
 * **param groups** with per-group hyperparameters (``lr``, ``betas``, …, and the core's options
-  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``); ``lr`` is read from
-  the group at every step, so ``torch.optim.lr_scheduler`` works; changing another hyperparameter
-  rebuilds the group's core and keeps its state.
+  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``); every group carries
+  ``lr``, read at every step, so every ``torch.optim.lr_scheduler`` works (:class:`Adam`, :class:`AdamW`,
+  :class:`SGD` also read ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` at every
+  step: OneCycleLR's momentum cycling builds nothing new); changing another hyperparameter rebuilds
+  the group's core and keeps its state; a key the optimizer does not know is refused.
 * **in place**: the step runs under ``torch.no_grad()`` and writes the new values into each
   parameter's storage (``copy_``), so parameters stay leaves without ``grad_fn`` and the next
   ``backward()`` works.
@@ -151,8 +153,9 @@ def _core_lr(core: Any) -> float | None:
 
 def _check_lr(lr: Any, name: str = "lr") -> None:
     value = lr.item() if isinstance(lr, torch.Tensor) and lr.numel() == 1 else lr
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive finite number, got {lr!r}")
+    # 0 is a rate, as in torch.optim (CosineAnnealingLR reaches it)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
 
 
 class Optimizer(torch.optim.Optimizer):

@@ -1,0 +1,181 @@
+"""Every geoarray.torch optimizer with every torch.optim.lr_scheduler.
+
+Properties: with torch's schedulers (OneCycleLR's and CyclicLR's momentum cycling included),
+geoarray.torch.Adam/SGD equal torch.optim.Adam/SGD on plain float64 tensors to 1e-12 relative and keep
+the core they built (hyperparameters are read at every step); every optimizer's param groups carry
+``lr``, every scheduler runs on every optimizer and its ManifoldParameters stay on their manifolds;
+a change of ``group["lr"]`` by a factor scales the next Euclidean step by that factor (1e-10) on every
+optimizer, the generic ``Optimizer(params, core)`` included; a core that cannot take a new rate
+refuses the change.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import geoarray
+from _helpers import assert_agree
+from geoarray import Stiefel
+from geoarray.optim import chain, scale_by_adam, scale_by_learning_rate
+
+pytestmark = pytest.mark.usefixtures("torch_only")
+
+N_STEPS = 6
+
+
+def _grads(torch, params, step):
+    g = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = torch.randn(tuple(p.shape), generator=g, dtype=p.dtype).to(p.device)
+
+
+def _plain(torch, device):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(device).requires_grad_() for s in ((5, 3), (4, 2))]
+
+
+SCHEDULED = {
+    "Adam+OneCycleLR": ("Adam", {"lr": 1e-2}, lambda s, o: s.OneCycleLR(o, max_lr=0.05, total_steps=N_STEPS)),
+    "SGD+OneCycleLR": (
+        "SGD",
+        {"lr": 1e-2, "momentum": 0.9, "nesterov": True},
+        lambda s, o: s.OneCycleLR(o, max_lr=0.05, total_steps=N_STEPS),
+    ),
+    "Adam+CyclicLR": ("Adam", {"lr": 1e-2}, lambda s, o: s.CyclicLR(o, 1e-3, 1e-2, step_size_up=2)),
+    "SGD+CyclicLR": ("SGD", {"lr": 1e-2, "momentum": 0.9}, lambda s, o: s.CyclicLR(o, 1e-3, 1e-2, step_size_up=2)),
+    "AdamW+ReduceLROnPlateau": ("AdamW", {"lr": 1e-2}, lambda s, o: s.ReduceLROnPlateau(o, patience=0, factor=0.5)),
+    "SGD+StepLR": ("SGD", {"lr": 0.1, "momentum": 0.5, "dampening": 0.2}, lambda s, o: s.StepLR(o, 2, gamma=0.3)),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEDULED))
+def test_scheduled_runs_equal_torch_without_rebuilding_the_core(torch, gt, device, case):
+    name, kwargs, make_scheduler = SCHEDULED[case]
+    ours, theirs = _plain(torch, device), _plain(torch, device)
+    opt_ours, opt_theirs = getattr(gt, name)(ours, **kwargs), getattr(torch.optim, name)(theirs, **kwargs)
+    sched_ours = make_scheduler(torch.optim.lr_scheduler, opt_ours)
+    sched_theirs = make_scheduler(torch.optim.lr_scheduler, opt_theirs)
+    cores = set()
+    for t in range(N_STEPS):
+        _grads(torch, ours, t)
+        _grads(torch, theirs, t)
+        opt_ours.step()
+        opt_theirs.step()
+        cores.add(id(opt_ours._cohorts[0][0].core))
+        if isinstance(sched_ours, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            sched_ours.step(1.0)  # a metric that never improves: the rate halves every step
+            sched_theirs.step(1.0)
+        else:
+            sched_ours.step()
+            sched_theirs.step()
+    assert opt_ours.param_groups[0]["lr"] == opt_theirs.param_groups[0]["lr"]
+    for a, b in zip(ours, theirs, strict=True):
+        assert_agree(a.detach(), b.detach(), rtol=1e-12, what=case)
+    assert len(cores) == 1, "a scheduler's change of lr or momentum built a new core"
+
+
+def _optimizers(gt):
+    """Every geoarray.torch optimizer, built on a list of parameters (ManifoldMuon and Muon: matrices)."""
+    return {
+        "Adam": lambda ps: gt.Adam(ps, lr=1e-2),
+        "AdamW": lambda ps: gt.AdamW(ps, lr=1e-2),
+        "SGD": lambda ps: gt.SGD(ps, lr=1e-2, momentum=0.9),
+        "PaperAdam": lambda ps: gt.PaperAdam(ps, lr=1e-2),
+        "Momentum": lambda ps: gt.Momentum(ps, lr=1e-2),
+        "Gradient": lambda ps: gt.Gradient(ps, lr=1e-2),
+        "AdamWithDecay": lambda ps: gt.AdamWithDecay(ps, n_steps=10, lr_start=1e-2, lr_end=1e-3),
+        "ManifoldMuon": lambda ps: gt.ManifoldMuon(ps, lr=1e-2),
+        "Muon": lambda ps: gt.Muon(ps, lr=1e-2),
+        "Optimizer(core)": lambda ps: gt.Optimizer(ps, geoarray.optim.Adam(1e-2)),
+        "Optimizer(transform)": lambda ps: gt.Optimizer(ps, chain(scale_by_adam(), scale_by_learning_rate(1e-2))),
+        "Optimizer(factory)": lambda ps: gt.Optimizer(
+            ps, lambda group: geoarray.optim.Momentum(group["lr"], group["alpha"]), {"lr": 1e-2, "alpha": 0.5}
+        ),
+    }
+
+
+SCHEDULERS = {
+    "StepLR": lambda s, o, m: s.StepLR(o, 1, gamma=0.5),
+    "MultiStepLR": lambda s, o, m: s.MultiStepLR(o, [1, 2]),
+    "ExponentialLR": lambda s, o, m: s.ExponentialLR(o, 0.9),
+    "CosineAnnealingLR": lambda s, o, m: s.CosineAnnealingLR(o, 3),
+    "CosineAnnealingWarmRestarts": lambda s, o, m: s.CosineAnnealingWarmRestarts(o, 2),
+    "LambdaLR": lambda s, o, m: s.LambdaLR(o, lambda k: 1 / (k + 1)),
+    "MultiplicativeLR": lambda s, o, m: s.MultiplicativeLR(o, lambda k: 0.9),
+    "LinearLR": lambda s, o, m: s.LinearLR(o, total_iters=3),
+    "ConstantLR": lambda s, o, m: s.ConstantLR(o, total_iters=2),
+    "PolynomialLR": lambda s, o, m: s.PolynomialLR(o, total_iters=3),
+    "OneCycleLR": lambda s, o, m: s.OneCycleLR(o, max_lr=0.02, total_steps=4, cycle_momentum=m),
+    "CyclicLR": lambda s, o, m: s.CyclicLR(o, 1e-3, 1e-2, step_size_up=2, cycle_momentum=m),
+    "ReduceLROnPlateau": lambda s, o, m: s.ReduceLROnPlateau(o, patience=0),
+    "SequentialLR": lambda s, o, m: s.SequentialLR(
+        o, [s.ConstantLR(o, total_iters=1), s.ExponentialLR(o, 0.9)], milestones=[1]
+    ),
+}
+
+
+def _mixed(torch, gt, device, name):
+    M = Stiefel(5, 2)
+    Y = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    params = [Y, *_plain(torch, device)]
+    return (params[1:] if name == "Muon" else params), M
+
+
+@pytest.mark.parametrize("scheduler", list(SCHEDULERS))
+def test_every_scheduler_runs_on_every_optimizer(torch, gt, device, scheduler):
+    for name, make in _optimizers(gt).items():
+        params, M = _mixed(torch, gt, device, name)
+        opt = make(params)
+        assert all("lr" in g for g in opt.param_groups), name
+        momentum = "momentum" in opt.defaults or "betas" in opt.defaults
+        sched = SCHEDULERS[scheduler](torch.optim.lr_scheduler, opt, momentum)
+        lrs = []
+        for t in range(4):
+            _grads(torch, params, t)
+            opt.step()
+            sched.step(1.0) if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau) else sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        assert len(set(lrs)) > 1 or scheduler == "ConstantLR", f"{name}: {scheduler} did not change lr ({lrs})"
+        for p in params:
+            assert torch.isfinite(p).all(), f"{name} with {scheduler}"
+            if isinstance(p, gt.ManifoldParameter):
+                assert M.is_point(p.detach(), atol=1e-10), f"{name} with {scheduler}"
+
+
+NAMES = ["Adam", "AdamW", "SGD", "PaperAdam", "Momentum", "Gradient", "AdamWithDecay", "ManifoldMuon", "Muon",
+         "Optimizer(core)", "Optimizer(transform)", "Optimizer(factory)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_change_of_lr_scales_the_next_step(torch, gt, device, name):
+    """Two twins take a step; one's lr is multiplied by 0.1; the next Euclidean step is 0.1 times the other's
+    (each optimizer's velocity is −lr × a direction that does not depend on lr), on every optimizer."""
+    assert sorted(NAMES) == sorted(_optimizers(gt))
+    key, make = name, _optimizers(gt)[name]
+    twins = [_mixed(torch, gt, device, key)[0] for _ in range(2)]
+    opts = [make(ps) for ps in twins]
+    for ps, opt in zip(twins, opts, strict=True):
+        _grads(torch, ps, 0)
+        opt.step()
+    before = [[p.detach().clone() for p in ps] for ps in twins]
+    for g in opts[0].param_groups:
+        g["lr"] *= 0.1
+    for ps, opt in zip(twins, opts, strict=True):
+        _grads(torch, ps, 1)
+        opt.step()
+    for p, q, p0, q0 in zip(twins[0], twins[1], before[0], before[1], strict=True):
+        if isinstance(p, gt.ManifoldParameter):
+            assert not torch.allclose(p, q), f"{key}: the manifold step ignored the new lr"
+            continue
+        assert_agree(p.detach() - p0, 0.1 * (q.detach() - q0), rtol=1e-10, what=key)
+
+
+def test_a_core_that_cannot_take_a_new_rate_refuses_the_change(torch, gt, device):
+    params = _plain(torch, device)
+    opt = gt.Optimizer(params, geoarray.optim.Muon(1e-2))
+    assert opt.param_groups[0]["lr"] == 1e-2
+    _grads(torch, params, 0)
+    opt.step()
+    opt.param_groups[0]["lr"] = 1e-3
+    with pytest.raises(ValueError, match=r"geoarray.torch.Muon"):
+        opt.step()
