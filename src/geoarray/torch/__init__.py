@@ -5,7 +5,11 @@
     opt = gt.Adam(layer.parameters(), lr=1e-2)              # a torch.optim.Optimizer
     loss = layer(x).square().sum(); loss.backward(); opt.step(); opt.zero_grad()
 
-* :class:`ManifoldParameter` (:mod:`.parameter`): an ``nn.Parameter`` carrying its manifold.
+* :class:`ManifoldParameter` (:mod:`.parameter`): an ``nn.Parameter`` carrying its manifold; weights
+  off the manifold are mapped to the nearest point (polar factor) unless ``project=False``;
+  ``p.proj_()`` and :func:`project_` project in place.
+* :func:`orthogonal_` (:mod:`.constraints`): constrain an existing module's weight to orthonormal
+  columns (tall/square) or rows (wide), like ``geotorch.orthogonal``.
 * :class:`Adam`, :class:`AdamW`, :class:`SGD` (:mod:`.conventions`): ``torch.optim``'s signatures,
   defaults and formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
   ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
@@ -41,6 +45,7 @@ and are unaffected.
 from __future__ import annotations
 
 from . import nn
+from .constraints import orthogonal_
 from .optim import (
     SGD,
     Adam,
@@ -54,7 +59,7 @@ from .optim import (
     Optimizer,
     PaperAdam,
 )
-from .parameter import ManifoldParameter, manifold_of
+from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
 
 __all__ = [
     "SGD",
@@ -70,5 +75,8 @@ __all__ = [
     "Optimizer",
     "PaperAdam",
     "manifold_of",
+    "nearest_point",
     "nn",
+    "orthogonal_",
+    "project_",
 ]

@@ -1,4 +1,14 @@
-"""``ManifoldParameter``: an ``nn.Parameter`` that knows the manifold its values live on."""
+"""``ManifoldParameter``: an ``nn.Parameter`` that knows the manifold its values live on; projections.
+
+* ``ManifoldParameter(data, manifold)`` maps weights that are off the manifold to the nearest point
+  (``project=True``, the default) or refuses them (``project=False``) with the measured error, the
+  tolerance and the fix; ``p.proj_()`` and :func:`project_` project in place (geoopt's ``proj_()``).
+* :func:`nearest_point`: for orthonormal frames (``Stiefel``, ``Grassmann``, the orthogonal group
+  ``Stiefel(n, n)``) the orthogonal polar factor U Vᵀ of Y = U Σ Vᵀ, the nearest matrix with
+  orthonormal columns in the Frobenius (and every unitarily invariant) norm (Higham, *Functions of
+  Matrices*, Theorem 8.4), computed by :func:`geoarray.linalg.polar`. Symplectic Stiefel has no
+  closed-form nearest point: such weights must start on the manifold.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +17,62 @@ from typing import Any
 
 import torch
 
+from .. import linalg
 from ..manifolds.base import Manifold
 from ..manifolds.euclidean import Euclidean
+from ..manifolds.stiefel import OrthonormalFrames
 
-__all__ = ["ManifoldParameter", "check_manifold_tensor", "manifold_of"]
+__all__ = ["ManifoldParameter", "check_manifold_tensor", "manifold_of", "nearest_point", "point_error", "project_"]
+
+
+def point_error(tensor: torch.Tensor, manifold: Manifold) -> float | None:
+    """max |YᵀY − I| over the batch for orthonormal frames (what ``is_point`` compares with its
+    tolerance; computed in float32 at least); None for manifolds without such a measure."""
+    if not isinstance(manifold, OrthonormalFrames):
+        return None
+    Y = tensor.detach()
+    if Y.dtype in (torch.float16, torch.bfloat16):
+        Y = Y.float()
+    eye = torch.eye(Y.shape[-1], dtype=Y.dtype, device=Y.device)
+    return float((Y.mT @ Y - eye).abs().max()) if Y.numel() else 0.0
+
+
+def nearest_point(tensor: torch.Tensor, manifold: Manifold) -> torch.Tensor | None:
+    """The nearest point of ``manifold`` to ``tensor`` (module docstring), a new tensor of its dtype and
+    device; None where the manifold has no projection. Half precision is projected in float32."""
+    if not isinstance(manifold, OrthonormalFrames):
+        return None
+    Y = tensor.detach()
+    work = Y.float() if Y.dtype in (torch.float16, torch.bfloat16) else Y
+    return linalg.polar(work).to(Y.dtype)
+
+
+def _tolerance(tensor: torch.Tensor, manifold: Manifold) -> float:
+    import array_api_compat.torch as xp
+
+    return Manifold._default_atol(tensor.dtype, xp)
+
+
+def _off_manifold_message(name: str, tensor: torch.Tensor, manifold: Manifold, *, projected: bool = False) -> str:
+    err, tol = point_error(tensor, manifold), _tolerance(tensor, manifold)
+    measured = f"max|YᵀY − I| = {err:.3g}" if err is not None else "M.is_point fails"
+    if projected:
+        return (
+            f"{name} is not a point of {manifold!r} ({measured} after projecting, tolerance {tol:g} for "
+            f"{tensor.dtype}): its nearest point is not unique (the matrix is rank-deficient); start from a "
+            "full-rank matrix or M.random(...)"
+        )
+    if isinstance(manifold, OrthonormalFrames):
+        fix = (
+            "project it to the nearest point: ManifoldParameter(data, M) (project=True, the default), "
+            "p.proj_() or geoarray.torch.project_(model)"
+        )
+    else:
+        fix = f"{manifold!r} has no projection: start from a point of the manifold, e.g. M.random(...)"
+    return (
+        f"{name} is not a point of {manifold!r}: {measured}, above the tolerance {tol:g} of {tensor.dtype} "
+        f"(float32 weights converted to float64 typically measure ~1e-7); {fix}"
+    )
 
 
 def check_manifold_tensor(tensor: Any, manifold: Manifold, name: str, *, on_manifold: bool = False) -> None:
@@ -35,10 +97,7 @@ def check_manifold_tensor(tensor: Any, manifold: Manifold, name: str, *, on_mani
         and tensor.numel()
         and not manifold.is_point(tensor.detach())
     ):
-        raise ValueError(
-            f"{name} is not a point of {manifold!r} (M.is_point at its default tolerance); start from a point of the "
-            "manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
-        )
+        raise ValueError(_off_manifold_message(name, tensor, manifold))
 
 
 def manifold_of(p: torch.Tensor) -> Manifold | None:
@@ -68,9 +127,19 @@ class ManifoldParameter(torch.nn.Parameter):
 
     The tensor's shape must end in ``manifold.point_shape`` (leading axes are a batch of points,
     e.g. the stacked heads of an attention layer) and its dtype real floating (float16/bfloat16 weights
-    are stepped in float32 and cast back); ``check=True``
-    (the default) also refuses values off the manifold (``manifold.is_point``; one host read).
+    are stepped in float32 and cast back). Values off the manifold (``manifold.is_point`` at its
+    default tolerance; one host read) are replaced by the nearest point (:func:`nearest_point`: the
+    polar factor for Stiefel, Grassmann and the orthogonal group) with ``project=True`` (the default),
+    in a new tensor (the caller's is not changed); values already within the tolerance are kept bit
+    for bit. ``project=False`` refuses them with a ``ValueError`` giving the measured error, the
+    tolerance and the fix, as does a manifold without a projection (symplectic Stiefel).
+    ``check=False`` skips all of this (for values known to lie on the manifold).
     ``manifold=None`` or ``Euclidean()`` means unconstrained.
+
+    **Only geoarray.torch's optimizers keep it on its manifold.** A plain ``torch.optim`` optimizer
+    sees an ordinary tensor and takes Euclidean steps that leave the manifold (‖YᵀY − I‖ grows with
+    every step); give ManifoldParameters to ``geoarray.torch.Adam``/``SGD``/…, or call ``proj_()``
+    after each step of another optimizer.
     """
 
     def __new__(
@@ -79,6 +148,7 @@ class ManifoldParameter(torch.nn.Parameter):
         manifold: Manifold | None = None,
         requires_grad: bool = True,
         *,
+        project: bool = True,
         check: bool = True,
     ):
         if data is None:
@@ -86,7 +156,14 @@ class ManifoldParameter(torch.nn.Parameter):
         if manifold is not None and not isinstance(manifold, Manifold):
             raise TypeError(f"manifold must be a geoarray Manifold or None, got {type(manifold).__name__}")
         if manifold is not None and check:
-            check_manifold_tensor(data, manifold, "data", on_manifold=True)
+            check_manifold_tensor(data, manifold, "data")
+            if not _on_manifold(data, manifold):
+                nearest = nearest_point(data, manifold) if project else None
+                if nearest is None:
+                    raise ValueError(_off_manifold_message("data", data, manifold))
+                if not _on_manifold(nearest, manifold):
+                    raise ValueError(_off_manifold_message("data", nearest, manifold, projected=True))
+                data = nearest
         if type(data) is not torch.Tensor and isinstance(data, torch.Tensor):
             data = data.detach()
             if type(data) is not torch.Tensor:  # a Parameter: its plain-tensor view
@@ -97,6 +174,23 @@ class ManifoldParameter(torch.nn.Parameter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # everything happens in __new__
         pass
+
+    @torch.no_grad()
+    def proj_(self) -> ManifoldParameter:
+        """Replace the values by the nearest point of the manifold, in place (geoopt's ``proj_``);
+        returns ``self``. A no-op for unconstrained parameters; ``ValueError`` for a manifold without a
+        projection or a rank-deficient matrix (no unique nearest point)."""
+        if manifold_of(self) is None or not self.numel():
+            return self
+        nearest = nearest_point(self, self.manifold)
+        if nearest is None:
+            if _on_manifold(self, self.manifold):
+                return self
+            raise ValueError(_off_manifold_message("this parameter", self, self.manifold))
+        if not _on_manifold(nearest, self.manifold):
+            raise ValueError(_off_manifold_message("this parameter", nearest, self.manifold, projected=True))
+        self.copy_(nearest)
+        return self
 
     def __deepcopy__(self, memo: dict) -> ManifoldParameter:
         if id(self) in memo:
@@ -117,3 +211,27 @@ class ManifoldParameter(torch.nn.Parameter):
 
     def __repr__(self) -> str:
         return f"ManifoldParameter on {self.manifold!r} containing:\n" + torch.Tensor.__repr__(self.data)
+
+
+def _on_manifold(tensor: torch.Tensor, manifold: Manifold) -> bool:
+    if isinstance(manifold, Euclidean) or not tensor.numel():
+        return True
+    Y = tensor.detach()
+    return bool(manifold.is_point(Y if Y.dtype not in (torch.float16, torch.bfloat16) else Y.float(),
+                                  atol=_tolerance(tensor, manifold)))  # fmt: skip
+
+
+def project_(target: Any) -> Any:
+    """Project in place: a :class:`ManifoldParameter` (``proj_()``), or every ManifoldParameter of an
+    ``nn.Module`` or an iterable of tensors (plain tensors are left alone). Returns ``target``.
+
+    Use it after converting a model (``model.to(torch.float64)`` keeps float32's ~1e-7 orthonormality
+    error, above float64's tolerance) or after a step of an optimizer that does not know the
+    manifold."""
+    if isinstance(target, ManifoldParameter):
+        return target.proj_()
+    params = target.parameters() if isinstance(target, torch.nn.Module) else target
+    for p in params:
+        if isinstance(p, ManifoldParameter):
+            p.proj_()
+    return target

@@ -1,0 +1,74 @@
+"""Constrain the weights of existing modules: ``geoarray.torch.orthogonal_(module, "weight")``.
+
+geotorch's ``geotorch.orthogonal(layer, "weight")`` in geoarray's terms: the weight becomes a
+:class:`~geoarray.torch.ManifoldParameter` on a Stiefel manifold (projected to the nearest point, the
+polar factor of the current weight), which geoarray.torch's optimizers keep on the manifold by
+Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*
+(lifted gradient, cache update in g^hor, retraction), not by a parametrization in the forward pass.
+
+* **tall or square** weights (rows ≥ columns, e.g. ``nn.Linear(10, 20).weight`` of shape 20×10, the
+  recurrent 128×128 weight of an orthogonal RNN): orthonormal columns, ``Stiefel(rows, cols)``
+  (``Stiefel(n, n)`` is the orthogonal group O(n)); the module's attribute is replaced by the
+  ManifoldParameter, so ``module.weight`` and ``state_dict`` keys are unchanged.
+* **wide** weights (rows < columns, e.g. ``nn.Linear(20, 10).weight``, 10×20): orthonormal *rows*,
+  WWᵀ = I. The stored parameter is the tall Wᵀ on ``Stiefel(cols, rows)``, and the module's weight is
+  its transpose through ``torch.nn.utils.parametrize`` (a view: no copy in the forward pass, autograd
+  transposes the gradient). The parameter lives at ``module.parametrizations.weight.original``, as with
+  geotorch and ``torch.nn.utils.parametrizations.orthogonal``, so ``state_dict`` keys change
+  accordingly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.utils import parametrize
+
+from ..manifolds.grassmann import Grassmann
+from ..manifolds.stiefel import Stiefel
+from .parameter import ManifoldParameter
+
+__all__ = ["orthogonal_"]
+
+
+class _Transpose(torch.nn.Module):
+    """W = Xᵀ: a wide weight with orthonormal rows from a tall point X with orthonormal columns."""
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return X.mT
+
+    def right_inverse(self, W: torch.Tensor) -> torch.Tensor:
+        return W.mT.contiguous()
+
+
+def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: bool = False) -> torch.nn.Module:
+    """Constrain ``module.<name>`` to have orthonormal columns (tall/square) or rows (wide), in place.
+
+    The current values are mapped to the nearest such matrix (polar factor). ``grassmann=True`` uses
+    ``Grassmann`` (only the column space matters) instead of ``Stiefel``. Leading axes of a weight with
+    more than two dimensions are a batch of matrices. Returns ``module``. Train it with a
+    geoarray.torch optimizer (``geoarray.torch.Adam(model.parameters(), ...)``); a plain
+    ``torch.optim`` optimizer does not keep the constraint.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if parametrize.is_parametrized(module, name):
+        raise ValueError(f"{type(module).__name__}.{name} is already parametrized; remove its parametrization first")
+    weight = getattr(module, name, None)
+    if not isinstance(weight, torch.nn.Parameter):
+        raise ValueError(f"{type(module).__name__} has no parameter {name!r} (got {type(weight).__name__})")
+    if weight.ndim < 2:
+        raise ValueError(
+            f"{type(module).__name__}.{name} has shape {tuple(weight.shape)}; orthogonal_ needs a matrix (or a batch)"
+        )
+    rows, cols = weight.shape[-2:]
+    kind = Grassmann if grassmann else Stiefel
+    if rows >= cols:
+        setattr(module, name, ManifoldParameter(weight.detach(), kind(rows, cols), weight.requires_grad))
+        return module
+    parametrize.register_parametrization(module, name, _Transpose(), unsafe=True)
+    plist: Any = module.parametrizations[name]
+    original = plist.original
+    plist.original = ManifoldParameter(original.detach(), kind(cols, rows), original.requires_grad)
+    return module
