@@ -64,6 +64,7 @@ from .._backend import array_namespace
 from ..optim.riemannian import RiemannianOptimizer, RiemannianState
 from ..optim.transforms import GradientTransformation
 from .parameter import check_manifold_tensor, manifold_of
+from .state_view import StateView
 
 __all__ = [
     "SGD",
@@ -219,6 +220,19 @@ class Optimizer(torch.optim.Optimizer):
             defaults.setdefault("lr", self._lr_reference or 1.0)
         self._cohorts: list[list[_Cohort]] = []
         super().__init__(params, defaults)
+
+    @property
+    def state(self) -> StateView:
+        """Each parameter's state under torch's names (``step``, ``exp_avg``, ``exp_avg_sq``,
+        ``momentum_buffer``, …): a read-only mapping of views into the grouped state
+        (:mod:`geoarray.torch.state_view`)."""
+        return StateView(self)
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        # torch.optim.Optimizer assigns its per-parameter dict here (__init__, load_state_dict); the
+        # state lives in the cohorts instead, so there is nothing to keep
+        pass
 
     def _copy_core(self, proto: RiemannianOptimizer, group: dict) -> RiemannianOptimizer:
         core = copy.copy(proto)
@@ -467,6 +481,7 @@ class Optimizer(torch.optim.Optimizer):
         # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
         # the states travel with the copy
         state = super().__getstate__()
+        state["state"] = {}  # the view (opt.state) is rebuilt from the cohorts
         state["_cohorts"] = [
             [_Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
         ]
@@ -490,6 +505,7 @@ class Optimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """torch's ``state_dict`` plus the core's state leaves under ``"geoarray"`` (tensors, bit-exact)."""
         out = super().state_dict()
+        out["state"] = {}  # torch's per-parameter entry: the views of opt.state would duplicate "geoarray"
         out["geoarray"] = {
             "format": _FORMAT,
             "version": _FORMAT_VERSION,
