@@ -47,6 +47,8 @@ def test_uniform_range(xp, device):
 
 @pytest.mark.parametrize("seed", [-1, 1.5, "0", True, None])
 def test_bad_seeds(xp, seed):
+    if seed is None and "torch" in xp.__name__:
+        pytest.skip("with xp=torch, seed=None is torch's default generator (test_torch_generators_seed_the_draw...)")
     with pytest.raises((TypeError, ValueError), match="seed must be"):
         random.normal(seed, 3, xp=xp)
 
@@ -60,3 +62,26 @@ def test_bad_shape_and_range(xp):
         random.uniform(0, 3, xp=xp, low=1.0, high=1.0)
     with pytest.raises(TypeError, match="dtype must be"):
         random.normal(0, 3, xp=xp, dtype="int32")
+
+
+def test_torch_generators_seed_the_draw_on_every_backend(xp, device):
+    """A torch.Generator is a seed on any backend (one integer drawn from it, advancing it);
+    seed=None means torch's default generator with xp=torch and is refused elsewhere."""
+    torch = pytest.importorskip("torch", reason="torch.Generator seeds need torch installed")
+    a = to_numpy(random.normal(torch.Generator().manual_seed(3), (4, 2), xp=xp, device=device))
+    b = to_numpy(random.normal(torch.Generator().manual_seed(3), (4, 2), xp=xp, device=device))
+    np.testing.assert_array_equal(a, b)
+    gen = torch.Generator().manual_seed(3)
+    c = to_numpy(random.normal(gen, (4, 2), xp=xp, device=device))
+    d = to_numpy(random.normal(gen, (4, 2), xp=xp, device=device))
+    np.testing.assert_array_equal(a, c)
+    assert not np.array_equal(c, d)
+    assert len({float(s.generate_state(1)[0]) for s in random.spawn(torch.Generator().manual_seed(3), 3)}) == 3
+    if "torch" in xp.__name__:
+        torch.manual_seed(5)
+        e = to_numpy(random.normal(None, (3,), xp=xp, device=device))
+        torch.manual_seed(5)
+        np.testing.assert_array_equal(e, to_numpy(random.normal(None, (3,), xp=xp, device=device)))
+    else:
+        with pytest.raises(TypeError, match="None only with xp=torch"):
+            random.normal(None, (3,), xp=xp, device=device)

@@ -154,3 +154,20 @@ def test_geoopt_stiefel_optimizer_tests_ported(torch, gt, device, cls, params):
     assert X.is_contiguous()
     assert (X - Q).norm() < 1e-4
     assert Stiefel(20, 10).is_point(X.detach(), atol=1e-12)
+
+
+def test_the_learning_rate_transfer_example_runs(torch, gt):
+    """examples/geoopt_lr_transfer.py (the migration guide's table) at smoke size: 1 seed, 250 steps."""
+    pytest.importorskip("geoopt", reason="the example compares with geoopt's RiemannianAdam")
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "examples" / "geoopt_lr_transfer.py"
+    spec = importlib.util.spec_from_file_location("geoopt_lr_transfer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--seeds", "1", "--max-steps", "250", "--lrs", "1.0"])
+    assert [r["library"] for r in rows] == ["geoopt", "geoarray", "geoarray"]
+    by_rate = {(r["library"], round(r["lr"], 4)): r for r in rows}
+    assert by_rate[("geoopt", 1.0)]["failed"] == 0 and by_rate[("geoarray", 0.083)]["failed"] == 0
+    assert by_rate[("geoarray", 1.0)]["failed"] == 1  # geoopt's rate is too large for a per-coordinate moment

@@ -13,6 +13,11 @@ A ``seed`` is an ``int`` ≥ 0, a :class:`numpy.random.SeedSequence` or a
 :class:`numpy.random.Generator`. Passing a Generator advances it, so successive calls give fresh
 numbers; an int or SeedSequence gives the same numbers every time. Use :func:`spawn` to derive
 independent child seeds.
+
+For torch users (any backend): a ``torch.Generator`` is accepted as a seed — one 63-bit integer is
+drawn from it (advancing it) and seeds the host draw, so ``torch.manual_seed(s)`` or
+``torch.Generator().manual_seed(s)`` make the numbers reproducible; ``seed=None`` with ``xp=torch``
+draws that integer from torch's default generator (the one ``torch.manual_seed`` sets).
 """
 
 from __future__ import annotations
@@ -27,16 +32,38 @@ from ._backend import as_namespace, resolve_dtype
 __all__ = ["generator", "normal", "spawn", "uniform"]
 
 
+def _is_torch_generator(seed: Any) -> bool:
+    return type(seed).__module__.split(".")[0] == "torch" and type(seed).__name__ == "Generator"
+
+
+def _from_torch_generator(seed: Any) -> int:
+    import torch
+
+    return int(torch.randint(0, 2**63 - 1, (), generator=seed, device=seed.device).item())
+
+
+def _seed_for(seed: Any, xp: Any) -> Any:
+    """``seed``, with None meaning torch's default generator when ``xp`` is torch."""
+    if seed is None and "torch" in getattr(as_namespace(xp), "__name__", ""):
+        import torch
+
+        return torch.default_generator
+    return seed
+
+
 def generator(seed: Any) -> np.random.Generator:
-    """A :class:`numpy.random.Generator` for ``seed`` (an existing Generator is returned as is)."""
+    """A :class:`numpy.random.Generator` for ``seed`` (an existing Generator is returned as is; a
+    ``torch.Generator`` seeds a new one with an integer drawn from it)."""
+    if _is_torch_generator(seed):
+        return np.random.default_rng(_from_torch_generator(seed))
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, np.random.SeedSequence):
         return np.random.default_rng(seed)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(
-            "seed must be a non-negative int, a numpy.random.SeedSequence or a numpy.random.Generator, "
-            f"got {type(seed).__name__}"
+            "seed must be a non-negative int, a numpy.random.SeedSequence, a numpy.random.Generator or a "
+            f"torch.Generator (None only with xp=torch: torch's default generator), got {type(seed).__name__}"
         )
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
@@ -45,6 +72,8 @@ def generator(seed: Any) -> np.random.Generator:
 
 def spawn(seed: Any, n: int) -> list[np.random.SeedSequence]:
     """``n`` statistically independent child seeds derived from ``seed``."""
+    if _is_torch_generator(seed):
+        return list(np.random.SeedSequence(_from_torch_generator(seed)).spawn(n))
     if isinstance(seed, np.random.Generator):
         return list(seed.bit_generator.seed_seq.spawn(n))
     if isinstance(seed, np.random.SeedSequence):
@@ -86,7 +115,7 @@ def normal(
     scale: float = 1.0,
 ) -> Any:
     """Standard normal samples (times ``scale`` plus ``loc``) as an array of ``xp``."""
-    host = generator(seed).normal(loc, scale, size=_shape(shape))
+    host = generator(_seed_for(seed, xp)).normal(loc, scale, size=_shape(shape))
     return _to_backend(host, xp, dtype, device)
 
 
@@ -103,5 +132,5 @@ def uniform(
     """Samples from U[low, high) as an array of ``xp``."""
     if not high > low:
         raise ValueError(f"uniform needs high > low, got low={low}, high={high}")
-    host = generator(seed).uniform(low, high, size=_shape(shape))
+    host = generator(_seed_for(seed, xp)).uniform(low, high, size=_shape(shape))
     return _to_backend(host, xp, dtype, device)
