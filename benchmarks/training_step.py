@@ -21,10 +21,11 @@ the Stiefel manifold and geoarray's manifold Adam, once unconstrained with the b
 * **torch** — ``geoarray.torch.nn.Module(ClassificationTransformer(...))``, loss
   ``nn.ClassificationL2Loss().value``, ``loss.backward()`` (torch autograd; ``--torch-grad analytic``: the
   layers' analytic pullbacks inside autograd, ``Module(..., analytic=True)``), then ``opt.step()`` with
-  ``geoarray.torch.Adam`` (ManifoldParameters: Stiefel-Adam) or ``torch.optim.Adam`` (default foreach
-  implementation) on plain parameters. Also shown: ``geoarray.torch.Adam`` on the plain parameters
-  (geoarray's own Euclidean Adam) and, when installed, geoopt's ``RiemannianAdam`` on
-  ``geoopt.ManifoldParameter(..., geoopt.Stiefel())`` (its default, canonical metric).
+  ``geoarray.torch.PaperAdam`` (ManifoldParameters: Stiefel-Adam, the paper's variant) or
+  ``torch.optim.Adam`` (default foreach implementation) on plain parameters. Also shown:
+  ``geoarray.torch.PaperAdam`` on the plain parameters (geoarray's own Euclidean Adam) and, when
+  installed, geoopt's ``RiemannianAdam`` on ``geoopt.ManifoldParameter(..., geoopt.Stiefel())`` (its
+  default, canonical metric).
 * **numpy** — the library's analytic pullbacks (``geoarray.train.value_and_grad(..., grad="analytic")``,
   i.e. ``model.vjp`` + ``loss.vjp``) and ``geoarray.optim.Adam(group_same_shape=True)`` as
   ``geoarray train vit`` uses it, with ``model.manifolds()`` (Stiefel) or no manifolds (Euclidean: the
@@ -185,11 +186,11 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
     fns["euclidean"] = make_step(m, torch.optim.Adam(m.parameters(), lr=LR, betas=(0.9, 0.99)))
     if args.peers:
         modules["geoarray_euclidean"] = m = module(model_e)
-        fns["geoarray_euclidean"] = make_step(m, gt.Adam(m.parameters(), lr=LR))
+        fns["geoarray_euclidean"] = make_step(m, gt.PaperAdam(m.parameters(), lr=LR))
     modules["stiefel"] = m = module(model_s)
-    fns["stiefel"] = make_step(m, gt.Adam(m.parameters(), lr=LR))
+    fns["stiefel"] = make_step(m, gt.PaperAdam(m.parameters(), lr=LR))
     notes = {
-        "stiefel": "geoarray.torch.Adam on ManifoldParameters",
+        "stiefel": "geoarray.torch.PaperAdam on ManifoldParameters",
         "euclidean": "torch.optim.Adam (foreach)",
         "fwd_bwd": "torch autograd"
         if args.torch_grad == "autograd"
