@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat as _compat
 import numpy as np
+import optree
 
 __all__ = [
     "all_finite",
@@ -321,6 +322,56 @@ def is_traced(x: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 # Dtype policy
 # --------------------------------------------------------------------------------------------
+
+# -- static pytree nodes ----------------------------------------------------------------------------
+#
+# Optimizer states carry what ``update`` needs besides arrays (the layout of the parameter tree: its
+# paths, groups and manifolds), so that an optimizer object holds configuration only. Such a node must
+# flatten to no leaves in every pytree registry a state meets — optree (the library's), jax.tree_util
+# (jax.jit, optax) and torch.utils._pytree — and come back as the same object: its value is static
+# (hashable, compared by ``==``, part of the tree structure, so jax.jit specialises on it).
+
+_STATIC_NODES: list[type] = []
+_STATIC_REGISTERED: dict[str, set[type]] = {"jax": set(), "torch": set()}
+
+
+def register_static_node(cls: type) -> type:
+    """Class decorator: instances of ``cls`` are pytree nodes with no children whose value is static.
+
+    Registered with optree at once and with ``jax.tree_util`` / ``torch.utils._pytree`` by
+    :func:`ensure_static_nodes` (called by the optimizers' ``init`` and by ``geoarray.jax`` /
+    ``geoarray.torch`` on import), so importing geoarray imports neither framework.
+    """
+    optree.register_pytree_node(
+        cls,
+        lambda node: ((), node, ()),
+        lambda node, children: node,
+        namespace=optree.registry.__GLOBAL_NAMESPACE,  # type: ignore[attr-defined]
+    )
+    _STATIC_NODES.append(cls)
+    ensure_static_nodes()
+    return cls
+
+
+def ensure_static_nodes() -> None:
+    """Register the static node classes with jax.tree_util and torch.utils._pytree, where imported."""
+    if "jax" in sys.modules:
+        import jax
+
+        for cls in _STATIC_NODES:
+            if cls not in _STATIC_REGISTERED["jax"]:
+                jax.tree_util.register_pytree_node(cls, lambda node: ((), node), lambda node, children: node)
+                _STATIC_REGISTERED["jax"].add(cls)
+    if "torch" in sys.modules:
+        import torch.utils._pytree as torch_pytree
+
+        for cls in _STATIC_NODES:
+            if cls not in _STATIC_REGISTERED["torch"]:
+                torch_pytree.register_pytree_node(
+                    cls, lambda node: ([], node), lambda children, node: node, serialized_type_name=cls.__qualname__
+                )
+                _STATIC_REGISTERED["torch"].add(cls)
+
 
 _FLOAT_NAMES = ("float32", "float64")
 
