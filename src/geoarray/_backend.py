@@ -506,6 +506,18 @@ def select(
     return branches[-1](operand)
 
 
+def static_loop(body: Callable[[int, Any], Any], carry: Any, n: int, xp: Namespace) -> Any:
+    """Apply ``body(k, carry)`` for k = 0, 1, …, n − 1 (``n`` a Python int): ``lax.fori_loop`` on JAX,
+    so a jitted program holds one copy of ``body`` instead of ``n``; a Python loop elsewhere."""
+    if is_jax(xp):
+        import jax
+
+        return jax.lax.fori_loop(0, n, body, carry)
+    for k in range(n):
+        carry = body(k, carry)
+    return carry
+
+
 def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_count: int, xp: Namespace) -> Any:
     """Apply ``body(k, carry)`` for k = 0, 1, …, max(counts) − 1 (at most ``max_count`` times).
 
