@@ -71,8 +71,7 @@ def test_optimizer_refuses_a_starting_point_off_the_manifold(xp, device):
     opt = optim.Adam()
     with pytest.raises(ValueError, match=r"params\['Y'\] is not a point of Stiefel\(6, 2\)"):
         opt.init({"Y": bad, "b": xp.zeros(2, device=device)}, {"Y": M, "b": None})
-    with pytest.raises(RuntimeError, match="has not been initialised"):
-        opt.layout  # noqa: B018  (nothing was recorded)
+    assert not hasattr(opt, "layout")  # configuration only: nothing is recorded on the optimizer
 
 
 def test_skipped_steps_warn_once_and_are_counted(xp, device):

@@ -285,7 +285,7 @@ def test_a_section_the_manifold_lacks_is_refused_naming_the_leaf(xp, device):
 def test_update_before_init_and_for_another_tree_raise(xp, device):
     params, mans = ref.problem(xp, device)
     opt = optim.Adam()
-    with pytest.raises(RuntimeError, match="has not been initialised"):
+    with pytest.raises(TypeError, match=r"state must be the RiemannianState returned by opt.init"):
         opt.update(params, params, None)
     state = opt.init(params, mans)
     small = {"w": params["w"]}

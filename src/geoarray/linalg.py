@@ -404,14 +404,7 @@ def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
         return A, s + sk[..., None] * e
 
     carry = (Y[..., :n, :], xp.zeros((*Y.shape[:-2], n), dtype=Y.dtype, device=_backend.device(Y)))
-    if _backend.is_jax(xp):
-        import jax
-
-        A, s = jax.lax.fori_loop(0, n, eliminate, carry)
-    else:
-        for k in range(n):
-            carry = eliminate(k, carry)
-        A, s = carry
+    A, s = _backend.static_loop(eliminate, carry, n, xp)
     U = xp.triu(A)
     V1 = xp.tril(A, k=-1) + eye(n, Y)
     native = _backend.fast_path("triu_inverse", xp)

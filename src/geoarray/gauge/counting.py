@@ -70,7 +70,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._backend import array_namespace, is_jax, is_torch
+from .. import _backend
+from .._backend import array_namespace
 from ..models.language import LanguageModelConfig, TransformerLM, as_config, count_params
 
 __all__ = [
@@ -268,20 +269,12 @@ def _jacobian(model_fn, params: dict[str, Array], xp: Any, method: str, step: fl
         return model_fn(unflatten(t))
 
     if method == "autodiff":
-        if is_jax(xp):
-            import jax
-
-            return jax.jit(jax.jacfwd(f))(theta)
-        if is_torch(xp):
-            import torch
-
-            return torch.func.jacfwd(f)(theta)
-        raise ValueError(f"method='autodiff' needs torch or jax arrays, got the {xp.__name__} backend")
-    if is_jax(xp):
-        import jax
-
-        # one compiled, vmapped forward over all perturbed parameter vectors (rows of theta ± h·I)
-        f_rows = jax.jit(jax.vmap(f))
+        if not _backend.has_autodiff(xp):
+            raise ValueError(f"method='autodiff' needs torch or jax arrays, got the {xp.__name__} backend")
+        return _backend.jacfwd(f, theta, xp)
+    # where it pays (JAX), one compiled, vmapped forward over all perturbed parameter vectors (rows of theta ± h·I)
+    f_rows = _backend.vmap_compiled(f, xp)
+    if f_rows is not None:
         E = xp.eye(theta.shape[0], dtype=theta.dtype)
         J = _stencil(lambda h: f_rows(theta[None, :] + h * E), step)
         return xp.matrix_transpose(J)
@@ -339,7 +332,7 @@ def numerical_redundancy(
     model.check_params(params)
     xp = array_namespace(*params.values())
     if method == "auto":
-        method = "autodiff" if (is_jax(xp) or is_torch(xp)) else "central"
+        method = "autodiff" if _backend.has_autodiff(xp) else "central"
     if method not in ("autodiff", "central"):
         raise ValueError(f"method must be 'auto', 'autodiff' or 'central', got {method!r}")
     thr = _DEFAULT_THRESHOLD[method] if threshold is None else float(threshold)

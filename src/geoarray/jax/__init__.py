@@ -32,6 +32,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("geoarray.jax needs JAX: pip install 'jax[cpu]' (or geoarray[jax])") from exc
 
+from .._backend import ensure_static_nodes as _ensure_static_nodes
 from ._optax import RiemannianOptaxState, apply_updates, optax_transform
 from ._train import make_train_step
 from ._trees import init_on_manifolds, manifolds_like, path_str
@@ -45,3 +46,5 @@ __all__ = [
     "optax_transform",
     "path_str",
 ]
+
+_ensure_static_nodes()  # optimizer states carry static layout nodes: register them with jax.tree_util

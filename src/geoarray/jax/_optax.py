@@ -27,7 +27,6 @@ hundred steps and the drift is of the same order. ``tests/test_jax_optax.py`` ch
 
 from __future__ import annotations
 
-import copy
 from typing import Any, NamedTuple
 
 import jax
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 
 from ..optim import (
     BFGS,
+    OPTIMIZER_TYPES,
     Adam,
     AdamWithDecay,
     Gradient,
@@ -60,7 +60,7 @@ _METHODS = {
     "manifold_muon": ManifoldMuon,
 }
 
-GEOARRAY_OPTIMIZERS = (RiemannianOptimizer, PartitionedOptimizer)
+GEOARRAY_OPTIMIZERS = OPTIMIZER_TYPES
 
 
 class RiemannianOptaxState(NamedTuple):
@@ -87,9 +87,8 @@ def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer:
             raise TypeError(
                 f"options {sorted(kwargs)} go to the optimizer's constructor, not with an optimizer instance"
             )
-        # a copy: init binds the layout of a parameter tree to the optimizer object, and the
-        # caller's object may be bound to other parameters
-        return copy.copy(method)  # a partition is re-bound to the parameters by bind_to_params
+        return method  # configuration only (its state carries the layout); a partition's labels are
+        # re-keyed to the parameters' paths by bind_to_params
     if callable(getattr(method, "init", None)) and callable(getattr(method, "update", None)):
         return riemannian(method, **kwargs)
     raise TypeError(
@@ -99,16 +98,15 @@ def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer:
 
 
 def bind_to_params(opt: Any, params: Any, flat: dict) -> Any:
-    """A private copy of the geoarray optimizer ``opt`` for the path-keyed dict ``flat`` of ``params``.
+    """The geoarray optimizer ``opt`` for the path-keyed dict ``flat`` of ``params``.
 
     The adapters hand optimizers ``{path: leaf}`` instead of the user's tree, so a
-    :func:`~geoarray.optim.partition`'s labels (a tree like ``params``) are re-keyed by path, and
-    its members are copied too (``init`` binds a layout to each member object).
+    :func:`~geoarray.optim.partition`'s labels (a tree like ``params``) are re-keyed by path; any
+    other optimizer is returned as it is (it holds configuration only).
     """
     if isinstance(opt, PartitionedOptimizer):
-        members = {key: copy.copy(m) for key, m in opt.optimizers.items()}
-        return PartitionedOptimizer(members, align_labels(opt.labels, params, flat))
-    return copy.copy(opt)
+        return PartitionedOptimizer(opt.optimizers, align_labels(opt.labels, params, flat))
+    return opt
 
 
 def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options: Any) -> Any:
@@ -150,8 +148,8 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
     * ``init`` and ``update`` behave as pure functions: one transformation may serve several
       parameter trees, and ``update`` accepts a state from ``jax.jit(tx.init)``,
       ``jax.eval_shape(tx.init, ...)`` + a restored checkpoint, or another ``optax_transform`` with
-      the same options. (The geoarray optimizer underneath records a tree's layout when initialised;
-      the transformation keeps one such copy per layout — paths, shapes, dtypes, manifolds.)
+      the same options: the geoarray optimizer underneath holds configuration only, and its state
+      carries the tree's layout (paths, shapes, groups, manifolds) as a static pytree node.
     * Whether constrained weights lie on their manifold is checked by an eager ``init`` only (one
       host read per weight). A traced ``init`` (``jax.jit``, ``jax.eval_shape``, ``jax.vmap``), and
       ``update`` with a state this object did not initialise (restored weights may have drifted off
@@ -169,23 +167,12 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
             "geoarray.jax.optax_transform returns an optax.GradientTransformation: pip install optax"
         ) from exc
     proto = build_optimizer(method_or_transform, options)
-    # geoarray's optimizers record a tree's layout in init (their binding), but optax's contract is
-    # two pure functions: one transformation may serve several trees, init may be traced (jax.jit,
-    # jax.eval_shape) or never called (a restored state). So every layout gets its own bound copy,
-    # looked up by the parameters themselves in update; nothing depends on which init ran last.
-    bound: dict[tuple, Any] = {}
-
-    def bound_for(params: Any, flat: dict) -> tuple[Any, tuple, dict]:
-        mans = align_manifolds(manifolds, params, flat)
-        key = tuple((k, tuple(v.shape), str(v.dtype), mans[k]) for k, v in flat.items())
-        return bound.get(key), key, mans
 
     def init(params: Any) -> RiemannianOptaxState:
         flat, _, _ = flatten(params, "params")
-        opt, key, mans = bound_for(params, flat)
-        opt = bind_to_params(proto, params, flat) if opt is None else opt
-        inner = opt.init(flat, mans)  # validates the parameters (eagerly: also that points are on their manifold)
-        bound[key] = opt
+        opt = bind_to_params(proto, params, flat)
+        # validates the parameters (eagerly: also that points are on their manifold)
+        inner = opt.init(flat, align_manifolds(manifolds, params, flat))
         return RiemannianOptaxState(inner, {k: jnp.zeros_like(v) for k, v in flat.items()})
 
     def update(grads: Any, state: RiemannianOptaxState, params: Any = None) -> tuple[Any, RiemannianOptaxState]:
@@ -202,14 +189,9 @@ def optax_transform(manifolds: Any, method_or_transform: Any = "adam", **options
         if list(flat_g) != paths:
             missing, extra = [k for k in paths if k not in flat_g], [k for k in flat_g if k not in flat_p]
             raise ValueError(f"grads must have the leaves of params: missing {missing[:5]}, unexpected {extra[:5]}")
-        opt, key, mans = bound_for(params, flat_p)
-        if opt is None:  # a state from another transformation object, a checkpoint or a traced init
-            opt = bind_to_params(proto, params, flat_p)
-            # record the layout only (traced: no computation, and no check that trained weights,
-            # which drift off their manifold by rounding, are points: this is no initialisation)
-            jax.eval_shape(lambda f: opt.init(f, mans), flat_p)
-            bound[key] = opt
-        new, inner = opt.update(flat_p, flat_g, state.inner)
+        # the layout is the state's: a state from another transformation object, a checkpoint or a
+        # traced init needs nothing from this object but its configuration
+        new, inner = bind_to_params(proto, params, flat_p).update(flat_p, flat_g, state.inner)
         updates = {k: new[k] - flat_p[k] for k in paths}
         return unflatten(treedef, paths, updates), RiemannianOptaxState(inner, new)
 

@@ -34,9 +34,9 @@ def make_train_step(
     initial optimizer state, a pytree of arrays.
 
     The optimizer is initialised here, outside jit, because ``init`` validates the parameters
-    (shapes, dtypes, that constrained weights lie on their manifolds, one host read each) and
-    records the tree's layout. The step uses a private copy of ``optimizer``, so initialising the
-    caller's object again for another model cannot change a step already built.
+    (shapes, dtypes, that constrained weights lie on their manifolds, one host read each). The
+    optimizer holds configuration only and the state carries the tree's layout, so the caller's
+    optimizer object may serve other models too.
 
     Parameters
     ----------
@@ -147,9 +147,9 @@ def make_train_step(
 def _initial_state(init: Callable[[Any], Any], params: Any, given: Any) -> Any:
     """``init(params)``, or ``given`` (a resumed state) checked against what ``init`` would return.
 
-    For a given state, ``init`` is only traced (``jax.eval_shape``): it records the layout on the
-    optimizer and computes nothing, and it cannot read values, so trained weights are not held to
-    ``is_point``'s tolerance for initial weights.
+    For a given state, ``init`` is only traced (``jax.eval_shape``): it computes nothing and cannot
+    read values, so trained weights are not held to ``is_point``'s tolerance for initial weights;
+    the given state must have the structure (layout included) of the one it would return.
     """
     if given is None:
         return init(params)

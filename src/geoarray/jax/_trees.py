@@ -23,6 +23,7 @@ import jax
 from .. import _backend
 from ..manifolds import Grassmann, Stiefel, SymplecticStiefel
 from ..manifolds.base import Manifold
+from ..optim.layout import is_manifold_leaf
 
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
 
@@ -52,10 +53,6 @@ def path_str(path: tuple) -> str:
     return "/".join(parts) if parts else _ROOT
 
 
-def _is_manifold_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, Manifold)
-
-
 def _is_jax_array(x: Any) -> bool:
     return isinstance(x, jax.Array)  # tracers included
 
@@ -64,7 +61,7 @@ def _is_function(x: Any) -> bool:
     """A callable that is not itself a tree (an equinox module is callable, and a tree of manifolds)."""
     if not callable(x) or isinstance(x, Manifold):
         return False
-    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x, is_leaf=_is_manifold_leaf))
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x, is_leaf=is_manifold_leaf))
 
 
 def flatten(tree: Any, name: str) -> tuple[dict[str, Any], list[str], Any]:
@@ -157,11 +154,11 @@ def align_manifolds(manifolds: Any, params: Any, flat_params: Mapping[str, Any])
         return dict.fromkeys(flat_params)
     if _is_function(manifolds):
         manifolds = manifolds(params)
-    pairs, _ = jax.tree_util.tree_flatten_with_path(manifolds, is_leaf=_is_manifold_leaf)
+    pairs, _ = jax.tree_util.tree_flatten_with_path(manifolds, is_leaf=is_manifold_leaf)
     found: dict[str, Any] = {}
     for path, m in pairs:
         key = path_str(path)
-        if not _is_manifold_leaf(m):
+        if not is_manifold_leaf(m):
             raise TypeError(f"manifolds[{key!r}] must be a Manifold or None, got {type(m).__name__}")
         if key in found:
             if m is not None and found[key] is not None:

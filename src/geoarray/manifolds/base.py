@@ -29,15 +29,15 @@ from typing import Any
 from .. import _backend
 from .._backend import array_namespace, check_real_floating
 
-__all__ = ["Manifold"]
+__all__ = ["RETRACTIONS", "SECTIONS", "Manifold", "check_choice", "check_size"]
 
 Array = Any
 
-_SECTIONS = ("householder", "random", "transported", "rotated")
-_RETRACTIONS = ("geodesic", "cayley")
+SECTIONS = ("householder", "random", "transported", "rotated")
+RETRACTIONS = ("geodesic", "cayley")
 
 
-def _check_size(value: Any, name: str) -> int:
+def check_size(value: Any, name: str) -> int:
     """A positive integer size (ints and NumPy integers; bools and floats are refused)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
@@ -50,7 +50,7 @@ def _check_size(value: Any, name: str) -> int:
     return value
 
 
-def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
+def check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
@@ -59,7 +59,18 @@ def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
 class Manifold(abc.ABC):
     """The operators Algorithm 1 calls, and the argument checking shared by the concrete manifolds.
 
-    A concrete manifold implements every abstract method below; the optimizer calls nothing else.
+    A concrete manifold implements every abstract method below. The optimizers of
+    :mod:`geoarray.optim` call exactly these members, and nothing else:
+
+    * at ``init``: :attr:`point_shape`, :attr:`section_strategies` and the optional ``section``
+      attribute (the manifold's own default strategy), :meth:`default_atol` and :meth:`is_point`,
+      :meth:`global_section` and :meth:`global_rep` (the zero element that starts the caches);
+    * in every step: :meth:`global_section`, :meth:`lift` (rgrad and global_rep in one call) and
+      :meth:`apply_retraction`; with ``section="transported"`` :meth:`transport_section`, with
+      ``section="rotated"`` :meth:`reframe` (only manifolds listing ``"rotated"`` in
+      :attr:`section_strategies` implement it);
+    * ManifoldMuon: ``spectral_direction`` (Stiefel and Grassmann), :meth:`global_section`,
+      :meth:`global_rep` and :meth:`apply_retraction` for its g^hor retractions.
     """
 
     #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
@@ -112,6 +123,15 @@ class Manifold(abc.ABC):
     def transport_section(self, lam: Any, W: Any, method: str | None = None) -> Any:
         """Λ ← Λ·g(W): the ``"transported"`` strategy's update (only where it is supported)."""
         raise NotImplementedError(f"{self!r} has no 'transported' section strategy")
+
+    def reframe(self, lam_old: Any, W: Any, lam_new: Any, B: Array, method: str | None = None) -> Array:
+        """Re-express a cache's B block from the frame λ_old·exp(W) in the frame λ_new (the optimizers'
+        ``section="rotated"``); implemented by manifolds that list ``"rotated"`` in
+        :attr:`section_strategies`."""
+        raise NotImplementedError(
+            f"{self!r} has no 'rotated' section strategy (it supports {self.section_strategies}); "
+            "choose section='householder' or 'transported'"
+        )
 
     @abc.abstractmethod
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
@@ -188,7 +208,7 @@ class Manifold(abc.ABC):
         return xp
 
     @staticmethod
-    def _default_atol(dtype: Any, xp: Any) -> float:
+    def default_atol(dtype: Any, xp: Any) -> float:
         """Tolerance of ``is_point``/``is_tangent`` by dtype: a few roundoffs of a rounded orthonormal frame."""
         if dtype == xp.float64:
             return 1e-10

@@ -40,7 +40,7 @@ class Grassmann(OrthonormalFrames):
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         """YᵀΔ = 0 within atol (horizontal lift of a tangent vector)."""
         xp = self._check_tangent_shape(Y, D, "D")
-        atol = self._default_atol(D.dtype, xp) if atol is None else atol
+        atol = self.default_atol(D.dtype, xp) if atol is None else atol
         return bool(xp.all(xp.abs(xp.matrix_transpose(Y) @ D) <= atol))
 
     def project(self, Y: Array, G: Array) -> Array:

@@ -32,7 +32,7 @@ from .. import _backend, linalg
 from .. import random as _random
 from .._backend import as_namespace
 from .._backend import device as _device
-from .base import _RETRACTIONS, _SECTIONS, Manifold, _check_choice, _check_size
+from .base import RETRACTIONS, SECTIONS, Manifold, check_choice, check_size
 from .horizontal import StiefelHorizontal
 from .retraction import retract_e, retraction_kernel
 from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, householder_section
@@ -78,7 +78,7 @@ class OrthonormalFrames(Manifold):
     metric, the gradient and the horizontal space (see :class:`Stiefel` for the parameters).
     """
 
-    section_strategies = _SECTIONS
+    section_strategies = SECTIONS
 
     def __init__(
         self,
@@ -90,14 +90,14 @@ class OrthonormalFrames(Manifold):
         validate: bool = False,
         max_doublings: int = 64,
     ):
-        self.N = _check_size(N, "N")
-        self.n = _check_size(n, "n")
+        self.N = check_size(N, "N")
+        self.n = check_size(n, "n")
         if self.n > self.N:
             raise ValueError(f"{type(self).__name__} needs n ≤ N, got N={self.N}, n={self.n}")
-        self.section = _check_choice(section, "section", _SECTIONS)
-        self.retraction_method = _check_choice(retraction_method, "retraction_method", _RETRACTIONS)
+        self.section = check_choice(section, "section", SECTIONS)
+        self.retraction_method = check_choice(retraction_method, "retraction_method", RETRACTIONS)
         self.validate = bool(validate)
-        self.max_doublings = _check_size(max_doublings, "max_doublings")
+        self.max_doublings = check_size(max_doublings, "max_doublings")
 
     # -- identity --------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class OrthonormalFrames(Manifold):
         float16, 3e-2 in bfloat16; half precision is checked in float32 arithmetic)."""
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
-        atol = self._default_atol(Y.dtype, xp) if atol is None else atol
+        atol = self.default_atol(Y.dtype, xp) if atol is None else atol
         if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
             Y = xp.astype(Y, xp.float32)
         err = xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y)
@@ -201,7 +201,7 @@ class OrthonormalFrames(Manifold):
         return lam_new.perp_t(self.apply_section(lam_old, moved))
 
     def _method(self, method: str | None) -> str:
-        return self.retraction_method if method is None else _check_choice(method, "method", _RETRACTIONS)
+        return self.retraction_method if method is None else check_choice(method, "method", RETRACTIONS)
 
     def retraction(self, W: Any, method: str | None = None) -> Array:
         """exp(W)E (``"geodesic"``) or Cay(W)E = (I − ½W)⁻¹(I + ½W)E (``"cayley"``), (..., N, n).
@@ -283,7 +283,7 @@ class Stiefel(OrthonormalFrames):
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         """YᵀΔ + ΔᵀY = 0 within atol."""
         xp = self._check_tangent_shape(Y, D, "D")
-        atol = self._default_atol(D.dtype, xp) if atol is None else atol
+        atol = self.default_atol(D.dtype, xp) if atol is None else atol
         YtD = xp.matrix_transpose(Y) @ D
         return bool(xp.all(xp.abs(YtD + xp.matrix_transpose(YtD)) <= atol))
 

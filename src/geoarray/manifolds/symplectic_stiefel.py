@@ -79,7 +79,7 @@ from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from ._symplectic import _broadcast_shapes, _hamiltonian_blocks, _j, _jt, _rows, _sp_inv, _stack_rows
-from .base import Manifold, _check_choice, _check_size
+from .base import Manifold, check_choice, check_size
 from .horizontal import SymplecticStiefelHorizontal
 from .retraction import retract_e
 from .sections import SymplecticSection, _lam_apply_inv
@@ -251,7 +251,7 @@ def _tangent_violation(Y: Array, D: Array, *, xp: Any) -> Array:
 
 
 def _check_even_size(value: Any, name: str) -> int:
-    value = _check_size(value, name)
+    value = check_size(value, name)
     if value % 2:
         raise ValueError(f"{name} must be even (a symplectic dimension 2k), got {value}")
     return value
@@ -302,7 +302,7 @@ class SymplecticStiefel(Manifold):
                 f"completion; no random or transported strategy), got {section!r}"
             )
         self.section = section
-        self.retraction_method = _check_choice(retraction_method, "retraction_method", _RETRACTIONS)
+        self.retraction_method = check_choice(retraction_method, "retraction_method", _RETRACTIONS)
         self.resymplectify = bool(resymplectify)
         self.validate = bool(validate)
         if isinstance(max_doublings, bool) or not isinstance(max_doublings, int) or max_doublings < 1:
@@ -393,14 +393,14 @@ class SymplecticStiefel(Manifold):
         """
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
-        atol = self._default_atol(Y.dtype, xp) if atol is None else atol
+        atol = self.default_atol(Y.dtype, xp) if atol is None else atol
         return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp)) <= atol
 
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         """Yᵀ𝕁Δ symmetric: |(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| ≤ atol·max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)."""
         xp = self._check_tangent_shape(Y, D, "D")
         self._check_trailing(Y, "Y", self.point_shape)
-        atol = self._default_atol(D.dtype, xp) if atol is None else atol
+        atol = self.default_atol(D.dtype, xp) if atol is None else atol
         return float(_backend.compiled(_tangent_violation, xp, "xp")(Y, D, xp=xp)) <= atol
 
     # -- metric and gradient --------------------------------------------------------------------
@@ -484,7 +484,7 @@ class SymplecticStiefel(Manifold):
         to rounding (≈ 1e-15·‖g(W)E‖₂² in float64).
         """
         xp = self._check_horizontal(W)
-        method = self.retraction_method if method is None else _check_choice(method, "method", _RETRACTIONS)
+        method = self.retraction_method if method is None else check_choice(method, "method", _RETRACTIONS)
         kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(*W, xp=xp, method=method, max_doublings=self.max_doublings)
         return _stack_rows([top, bottom], xp)

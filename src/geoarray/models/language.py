@@ -45,6 +45,7 @@ from typing import Any
 
 from .. import random as _random
 from .._backend import array_namespace, as_namespace, resolve_dtype
+from ..nn.activations import gelu_tanh, log_softmax
 
 __all__ = [
     "PRESETS",
@@ -218,7 +219,7 @@ def erf(x: Array) -> Array:
 def _activation(name: str, x: Array) -> Array:
     xp = array_namespace(x)
     if name == "gelu_new":
-        return x * (1 + xp.tanh(_GELU_C * (x + 0.044715 * x**3))) / 2
+        return gelu_tanh(x)
     if name == "gelu":
         return x * (1 + erf(x / math.sqrt(2))) / 2
     if name == "relu":
@@ -229,12 +230,6 @@ def _activation(name: str, x: Array) -> Array:
 def _silu(x: Array) -> Array:
     xp = array_namespace(x)
     return x * (1 + xp.tanh(x / 2)) / 2  # x·sigmoid(x) without overflow for large |x|
-
-
-def _log_softmax(z: Array) -> Array:
-    xp = array_namespace(z)
-    z = z - xp.max(z, axis=-1, keepdims=True)
-    return z - xp.log(xp.sum(xp.exp(z), axis=-1, keepdims=True))
 
 
 def layer_norm(x: Array, scale: Array | None, shift: Array | None, eps: float) -> Array:
@@ -521,7 +516,7 @@ class TransformerLM:
         if self.config.decoder:
             if token_types is not None:
                 raise ValueError(f"token_types is only used by arch 'bert', got it for arch {self.config.arch!r}")
-            return _log_softmax(self.logits(params, tokens))
+            return log_softmax(self.logits(params, tokens))
         return self.hidden_states(params, tokens, token_types)
 
     __call__ = apply

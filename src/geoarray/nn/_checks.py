@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import random as _random
 from .._backend import array_namespace, as_namespace, check_real_floating, resolve_dtype
-from ..manifolds.base import _check_size as check_size
+from ..manifolds.base import check_size
 
 __all__ = [
     "check_cotangent",

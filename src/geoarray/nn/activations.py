@@ -18,7 +18,7 @@ from typing import Any
 
 from .._backend import array_namespace
 
-__all__ = ["Activation", "get_activation", "softmax", "softmax_pullback"]
+__all__ = ["Activation", "gelu_tanh", "get_activation", "log_softmax", "softmax", "softmax_pullback"]
 
 Array = Any
 
@@ -68,9 +68,13 @@ def _relu_d(x):
 _GELU_C = math.sqrt(2 / math.pi)
 
 
-def _gelu(x):
+def gelu_tanh(x: Array) -> Array:
+    """The tanh approximation of GELU: x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2 (GPT-2's ``gelu_new``)."""
     xp = array_namespace(x)
     return x * (1 + xp.tanh(_GELU_C * (x + 0.044715 * x**3))) / 2
+
+
+_gelu = gelu_tanh
 
 
 def _gelu_d(x):
@@ -130,6 +134,13 @@ def softmax(z: Array, axis: int = -1) -> Array:
     xp = array_namespace(z=z)
     e = xp.exp(z - xp.max(z, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(z: Array, axis: int = -1) -> Array:
+    """log softmax(z) as a max-shifted log-sum-exp (finite for huge logits)."""
+    xp = array_namespace(z)
+    s = z - xp.max(z, axis=axis, keepdims=True)
+    return s - xp.log(xp.sum(xp.exp(s), axis=axis, keepdims=True))
 
 
 def softmax_pullback(p: Array, dp: Array, axis: int = -1) -> Array:

@@ -36,7 +36,7 @@ from typing import Any
 
 from .._backend import array_namespace, as_array, check_real_floating
 from .._backend import device as _device
-from .activations import softmax, softmax_pullback  # re-exported: losses.softmax predates activations.softmax
+from .activations import log_softmax, softmax, softmax_pullback  # softmax re-exported: losses.softmax predates it
 
 __all__ = [
     "ClassificationL2Loss",
@@ -49,12 +49,6 @@ __all__ = [
 ]
 
 Array = Any
-
-
-def _log_softmax(z: Array, xp: Any) -> Array:
-    """log softmax(z) along the last axis as a max-shifted log-sum-exp (finite for huge logits)."""
-    s = z - xp.max(z, axis=-1, keepdims=True)
-    return s - xp.log(xp.sum(xp.exp(s), axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +203,7 @@ class SoftmaxCrossEntropy(Loss):
 
     def vjp(self, pred: Array, target: Array) -> tuple[Array, Callable[..., Array]]:
         xp, t = self._class_target(pred, target)
-        logp = _log_softmax(pred, xp)
+        logp = log_softmax(pred)
         B = _batch_size(pred)
         value = as_array(-xp.sum(t * logp) / B)
 

@@ -16,12 +16,12 @@ schedules are in :mod:`geoarray.optim.schedules`; ``save_state``/``load_state`` 
 bit-exactly.
 """
 
-from . import muon, schedules, transforms
+from . import layout, muon, schedules, transforms
 from .manifold_muon import ManifoldMuon, ManifoldMuonState, Muon
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
 from .partition import PartitionedOptimizer, PartitionState, partition
 from .riemannian import NonFiniteGradientWarning, RiemannianOptimizer, RiemannianState, riemannian
-from .state import load_state, save_state
+from .state import STATE_TYPES, load_state, save_state
 from .transforms import (
     GradientTransformation,
     add_decayed_weights,
@@ -34,12 +34,14 @@ from .transforms import (
     scale_by_momentum,
 )
 
-#: the names of the first release, kept as aliases
-Optimizer = RiemannianOptimizer
-OptState = RiemannianState
+#: the optimizer classes of this package: ``init(params, manifolds)`` / ``update(params, grads, state,
+#: check=True)``, configuration only (the state carries the layout of the tree)
+OPTIMIZER_TYPES = (RiemannianOptimizer, ManifoldMuon, PartitionedOptimizer)
 
 __all__ = [
     "BFGS",
+    "OPTIMIZER_TYPES",
+    "STATE_TYPES",
     "Adam",
     "AdamWithDecay",
     "Gradient",
@@ -49,8 +51,6 @@ __all__ = [
     "Momentum",
     "Muon",
     "NonFiniteGradientWarning",
-    "OptState",
-    "Optimizer",
     "PartitionState",
     "PartitionedOptimizer",
     "RiemannianOptimizer",
@@ -59,6 +59,7 @@ __all__ = [
     "chain",
     "clip_by_global_norm",
     "global_norm",
+    "layout",
     "load_state",
     "muon",
     "partition",

@@ -1,7 +1,8 @@
 """The optimisation methods of Brantner's paper (eqs. 5–8) and BFGS, as chains of transforms.
 
-Each convenience optimizer is :class:`~geoarray.optim.riemannian.RiemannianOptimizer` around a
-chain of vector-space transforms (:mod:`geoarray.optim.transforms`) — the paper's point that "the
+Each convenience optimizer is :class:`~geoarray.optim.riemannian.RiemannianOptimizer` configured
+with a chain of vector-space transforms (the subclasses set the transform and record their
+hyperparameters; they override nothing) (:mod:`geoarray.optim.transforms`) — the paper's point that "the
 Adam cache and the Adam operations in equations (5) and (6) are identical for the vector space and
 the manifold case":
 
@@ -146,22 +147,12 @@ class BFGS(RiemannianOptimizer):
         group_same_shape: bool = False,
         **kwargs: Any,
     ):
-        if section == "random":
-            raise ValueError(
-                "BFGS needs g^hor coordinates that are consistent between steps, but section='random' draws a new "
-                "frame every step; use section='transported'"
-            )
         self.lr = as_schedule(lr)
         self.curvature_eps = float(curvature_eps)
-        super().__init__(scale_by_bfgs(lr, curvature_eps), section=section, group_same_shape=group_same_shape, **kwargs)
-
-    def init(self, params: Any, manifolds: Any = None):
-        state = super().init(params, manifolds)
-        for group, path_index in ((g, g.indices[0]) for g in self.layout.groups):
-            if group.section == "random":
-                raise ValueError(
-                    "BFGS needs g^hor coordinates that are consistent between steps, but "
-                    f"{self.layout.paths[path_index]} on {group.manifold!r} draws a new random section every step; "
-                    "use section='transported'"
-                )
-        return state
+        super().__init__(
+            scale_by_bfgs(lr, curvature_eps),
+            section=section,
+            group_same_shape=group_same_shape,
+            consistent_frames=True,
+            **kwargs,
+        )

@@ -30,9 +30,12 @@ import optree
 
 from .. import _backend, linalg
 from .._backend import array_namespace
+from .layout import leaf_path
 from .transforms import GradientTransformation
 
 __all__ = [
+    "MANIFOLD_MUON_RETRACTIONS",
+    "NS_COEFFICIENTS",
     "GradientTransformation",
     "MuonState",
     "NewtonSchulzState",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 Array = Any
+
+#: the retractions of manifold Muon: polar(Y − lr·A*), or exp/Cayley through g^hor
+MANIFOLD_MUON_RETRACTIONS = ("polar", "geodesic", "cayley")
 
 # Keller Jordan's coefficients, also torch.optim.Muon's defaults
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -70,10 +76,6 @@ class MuonState(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 
-def _path_str(path: tuple) -> str:
-    return "params" + "".join(f"[{k!r}]" for k in path)
-
-
 def _flatten(tree: Any) -> tuple[list[tuple], list[Any], Any]:
     paths, leaves, treedef = optree.tree_flatten_with_path(tree)
     return paths, leaves, treedef
@@ -85,7 +87,7 @@ def _check_matrix_leaves(tree: Any, who: str) -> None:
         if ndim is None or ndim < 2:
             shape = tuple(getattr(leaf, "shape", ()))
             raise ValueError(
-                f"{who}: leaf {_path_str(path)} has shape {shape}; Muon acts on matrices (..., rows, cols) only. "
+                f"{who}: leaf {leaf_path(path)} has shape {shape}; Muon acts on matrices (..., rows, cols) only. "
                 "Give vectors, scalars and other non-matrix leaves their own optimizer with "
                 "geoarray.optim.partition({'muon': ..., 'adam': ...}, labels)"
             )
@@ -259,9 +261,19 @@ def muon(
 
 
 def manifold_muon_step(
-    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int = 1
-) -> tuple[Array, Array, Array | None]:
+    manifold: Any,
+    Y: Array,
+    G: Array,
+    P: Array | None,
+    *,
+    lr: float,
+    n_iter: int = 1,
+    retraction: str = "polar",
+    return_direction: bool = True,
+) -> tuple[Array, Array | None, Array | None]:
     """One manifold-Muon step on a Stiefel or Grassmann point: (Y_new, A*, P_new).
+
+    :class:`~geoarray.optim.ManifoldMuon` calls it once per group of stacked leaves.
 
     A* = ``manifold.spectral_direction(Y, G)`` is the unit-spectral-norm tangent direction of
     steepest ascent for G (the caller's momentum-averaged Euclidean gradient), and
@@ -301,24 +313,36 @@ def manifold_muon_step(
     epochs 1–3); the final training loss over 32 seeds did not get worse with fewer iterations (README).
 
     Stiefel with the polar retraction runs :func:`geoarray.manifolds.spectral.stiefel_spectral_step`
-    (the retraction in the compressed n×n coordinates, equal to polar(Y − lr·A*) to rounding).
+    (the retraction in the compressed n×n coordinates, equal to polar(Y − lr·A*) to rounding); there
+    ``return_direction=False`` saves the two N×n products that assemble A* and returns None for it.
     Grassmann: closed form, P is returned unchanged.
+
+    ``retraction="geodesic"`` or ``"cayley"`` instead lifts −lr·A* to g^hor with a Householder
+    section and retracts there (Brantner, eq. 13): λ(Y)·exp(−lr·Ω(A*))E or its Cayley version.
     """
     from ..manifolds.grassmann import Grassmann
     from ..manifolds.stiefel import Stiefel
 
     if not lr >= 0:
         raise ValueError(f"lr must be non-negative, got {lr!r}")
-    if isinstance(manifold, Grassmann):
-        A = manifold.spectral_direction(Y, G)
-        P_new = P
-    elif isinstance(manifold, Stiefel):
-        from ..manifolds.spectral import stiefel_spectral_step
-
+    if retraction not in MANIFOLD_MUON_RETRACTIONS:
+        raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
+    if isinstance(manifold, Stiefel):
         manifold._check_point(Y)
-        # the polar retraction in the compressed coordinates (same result, fewer N×n products)
-        return stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=n_iter, return_direction=True)
+        if retraction == "polar":
+            from ..manifolds.spectral import stiefel_spectral_step
+
+            # the polar retraction in the compressed coordinates (same result, fewer N×n products)
+            out = stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=n_iter, return_direction=return_direction)
+            return out if return_direction else (out[0], None, out[1])
+        A, P_new = manifold.spectral_direction(Y, G, P0=P, n_iter=n_iter)
+    elif isinstance(manifold, Grassmann):
+        A, P_new = manifold.spectral_direction(Y, G), P
     else:
         raise TypeError(f"manifold must be a Stiefel or Grassmann manifold, got {type(manifold).__name__}")
-    Y_new = linalg.polar(Y - lr * A, method="eigh")
+    if retraction == "polar":
+        Y_new = linalg.polar(Y - lr * A, method="eigh")
+    else:
+        lam = manifold.global_section(Y, strategy="householder")
+        Y_new = manifold.apply_retraction(lam, manifold.global_rep(lam, -lr * A), retraction)
     return Y_new, A, P_new

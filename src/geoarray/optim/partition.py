@@ -6,31 +6,41 @@
 
 Each member optimizer sees the leaves labelled with its key, as a dict from the leaf's path in
 ``params`` (e.g. ``"['blocks'][0]['W_q']"``) to the leaf, so its error messages name the user's
-parameters. The state is a NamedTuple holding a dict of the members' states: an ordinary pytree.
-Members keep their own step counts, non-finite policies and checkpoints of their states.
+parameters. The state is a NamedTuple holding a dict of the members' states and the static
+assignment of leaves to members (:class:`PartitionLayout`): the optimizer object holds configuration
+only. Members keep their own step counts, non-finite policies and checkpoints of their states.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import optree
 
-from ..manifolds.base import Manifold
+from .. import _backend
+from .layout import is_manifold_leaf, leaf_path
 
-__all__ = ["PartitionState", "PartitionedOptimizer", "partition"]
+__all__ = ["PartitionLayout", "PartitionState", "PartitionedOptimizer", "partition"]
+
+
+@_backend.register_static_node
+@dataclass(frozen=True)
+class PartitionLayout:
+    """Which member updates which leaf: the tree structure, the leaves' paths and their labels (static)."""
+
+    treedef: Any
+    paths: tuple[str, ...]
+    labels: tuple[str, ...]
 
 
 class PartitionState(NamedTuple):
     states: dict  # key → the member optimizer's state
-
-
-def _is_manifold_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, Manifold)
+    layout: PartitionLayout
 
 
 def _path(path: tuple) -> str:
-    return "".join(f"[{p!r}]" for p in path)
+    return leaf_path(path, root="")
 
 
 class PartitionedOptimizer:
@@ -46,7 +56,6 @@ class PartitionedOptimizer:
                 raise TypeError(f"optimizers[{key!r}] must have init(params, manifolds) and update(...), got {opt!r}")
         self.optimizers = dict(optimizers)
         self.labels = labels
-        self._split: tuple | None = None  # (treedef, paths, label per leaf), recorded by init
 
     def __repr__(self) -> str:
         return f"partition({self.optimizers!r}, labels)"
@@ -77,7 +86,7 @@ class PartitionedOptimizer:
         if manifolds is None:
             sub_mans = {key: None for key in self.optimizers}
         else:
-            mans = optree.tree_flatten(manifolds, is_leaf=_is_manifold_leaf, none_is_leaf=True)[0]
+            mans = optree.tree_flatten(manifolds, is_leaf=is_manifold_leaf, none_is_leaf=True)[0]
             if len(mans) != len(paths):
                 raise ValueError(f"manifolds must have the tree structure of params {treedef}")
             sub_mans = {key: {} for key in self.optimizers}
@@ -86,16 +95,17 @@ class PartitionedOptimizer:
         states = {
             key: opt.init(sub_params[key], sub_mans[key]) for key, opt in self.optimizers.items() if sub_params[key]
         }
-        self._split = (treedef, paths, labels)
-        return PartitionState(states)
+        _backend.ensure_static_nodes()
+        return PartitionState(states, PartitionLayout(treedef, tuple(paths), tuple(labels)))
 
-    def update(self, params: Any, grads: Any, state: PartitionState) -> tuple[Any, PartitionState]:
-        if self._split is None:
-            raise RuntimeError(f"{self!r} has not been initialised: call state = opt.init(params, manifolds) first")
+    def update(
+        self, params: Any, grads: Any, state: PartitionState, *, check: bool = True
+    ) -> tuple[Any, PartitionState]:
+        """Each member's ``update`` on its leaves (``check`` is passed on to the members)."""
         if not isinstance(state, PartitionState):
             raise TypeError(f"state must be the PartitionState returned by init, got {type(state).__name__}")
-        treedef, paths, labels = self._split
-        if optree.tree_structure(params) != treedef:
+        treedef, paths, labels = state.layout.treedef, list(state.layout.paths), list(state.layout.labels)
+        if check and optree.tree_structure(params) != treedef:
             raise ValueError(f"params has tree structure {optree.tree_structure(params)}, init saw {treedef}")
         sub_params = self._members(params, treedef, paths, labels)
         sub_grads = self._members(grads, treedef, paths, labels)
@@ -103,9 +113,11 @@ class PartitionedOptimizer:
         new_states = {}
         # members are pure: if one raises on bad input, nothing has changed
         for key, sub in state.states.items():
-            new_params_k, new_states[key] = self.optimizers[key].update(sub_params[key], sub_grads[key], sub)
+            # members may be any (init, update) pair: only geoarray's take check=
+            kwargs = {} if check else {"check": False}
+            new_params_k, new_states[key] = self.optimizers[key].update(sub_params[key], sub_grads[key], sub, **kwargs)
             new_params.update(new_params_k)
-        return treedef.unflatten([new_params[p] for p in paths]), PartitionState(new_states)
+        return treedef.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
 
 
 def partition(optimizers: dict, labels: Any) -> PartitionedOptimizer:

@@ -34,17 +34,19 @@ depend on them (the retracted point does not):
 ``None`` (the default) takes each manifold's own ``section`` setting (Householder unless the
 manifold was built otherwise).
 
-**Grouping** (``group_same_shape=True``, the default): leaves with the same manifold, shape, dtype
-and device are stacked along a new leading axis and updated by one batched call (e.g. the 336
-Stiefel(49, 7) projections of the paper's vision transformer), and all Euclidean leaves of one dtype
-and device are raveled into one vector, so a step costs a fixed number of array operations instead of
-one set per leaf. The user sees their own tree; the transform's state is stored per group.
+**Grouping** (``group_same_shape=True``, the default; :mod:`geoarray.optim.layout`): leaves with
+the same manifold, shape, dtype and device are stacked along a new leading axis and updated by one
+batched call (e.g. the 336 Stiefel(49, 7) projections of the paper's vision transformer), and all
+Euclidean leaves of one dtype and device are raveled into one vector, so a step costs a fixed number
+of array operations instead of one set per leaf. The user sees their own tree; the transform's
+state is stored per group.
 
 **Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
 parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
 (traceable). An eager update reads the finiteness flag to the host (one scalar, as its retraction
 does): a skipped step then computes nothing, a finite one needs no masking, and the first skipped
-step warns (:class:`NonFiniteGradientWarning`, once). Under ``jax.jit`` or ``torch.compile`` nothing is
+step of a state's history warns (:class:`NonFiniteGradientWarning`, once: when ``state.skipped``
+leaves zero). Under ``jax.jit`` or ``torch.compile`` nothing is
 read: the step is computed and the old parameters and state are selected where the flag is false;
 ``"raise"``
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
@@ -60,17 +62,23 @@ rounding (≈3e-3 bfloat16, ≈4e-4 float16).
 **Compilation.** ``jax.jit(opt.update)`` and ``torch.compile(opt.update, fullgraph=True)`` trace a
 whole step (tested equal to eager); compile after ``init`` (which registers torch's traceable geqrf).
 
-**Binding.** ``init(params, manifolds)`` records the manifolds and the grouping of this parameter
-tree on the optimizer (as ``torch.optim`` binds its parameters); ``update`` finds them there, so the
-state itself is an ordinary pytree of arrays — a NamedTuple that optree, ``jax.tree_util`` and
-``torch.utils._pytree`` flatten into arrays with no registration.
+**State.** The optimizer object holds configuration only. ``init(params, manifolds)`` returns a
+:class:`RiemannianState` that carries, beside its arrays, the :class:`~geoarray.optim.layout.Layout`
+of the tree (paths, groups, manifolds: a static pytree node with no array leaves), so ``update``
+needs nothing but its arguments: two identically configured optimizers accept each other's states,
+one optimizer serves several parameter trees, ``jax.jit(opt.update)`` closes over nothing mutable,
+and optree, ``jax.tree_util`` and ``torch.utils._pytree`` flatten the state into its arrays.
+
+**The walk of a gradient through one step**, one way: ``check_inputs`` (tree, shapes, dtypes,
+devices against the state's layout; skipped with ``check=False`` by adapters that validated once)
+→ ``pack`` per group → the finiteness flag → per group rgrad, section and lift
+(``M.lift``) → ``transform.update`` on the tuple of lifted groups → per group the retraction
+(``M.apply_retraction``) → ``unpack`` → the user's tree.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -78,8 +86,10 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
-from ..manifolds.base import Manifold
+from ..manifolds.base import RETRACTIONS, SECTIONS, Manifold
 from ..manifolds.euclidean import Euclidean
+from . import layout as _layout
+from .layout import Layout
 from .transforms import GradientTransformation
 
 __all__ = [
@@ -92,9 +102,7 @@ __all__ = [
 ]
 
 Array = Any
-_POLICIES = ("skip", "raise", "ignore")
-_SECTIONS = ("householder", "rotated", "transported", "random")
-_RETRACTIONS = ("geodesic", "cayley")
+ON_NONFINITE = ("skip", "raise", "ignore")
 
 
 class NonFiniteGradientWarning(UserWarning):
@@ -114,59 +122,18 @@ class RotatedFrame(NamedTuple):
 
 
 class RiemannianState(NamedTuple):
-    """The optimizer state: arrays only (an ordinary pytree)."""
+    """The optimizer state: arrays, and the static layout of the parameter tree (no array leaves)."""
 
     step: Array  # steps taken (an integer 0-d array on the parameters' device)
     skipped: Array  # updates skipped because a gradient was not finite
     inner: Any  # the transform's state, over the tuple of lifted parameter groups
     sections: tuple  # per group: the carried section ("transported"), RotatedFrame ("rotated") or NoSection()
-
-
-@dataclass(frozen=True)
-class Group:
-    """Parameter leaves updated by one (batched) manifold call.
-
-    ``kind`` is ``"single"`` (one leaf as it is), ``"stack"`` (same-shape leaves of one manifold
-    stacked along a new leading axis) or ``"flat"`` (Euclidean leaves raveled and concatenated).
-    """
-
-    manifold: Manifold
-    indices: tuple[int, ...]
-    kind: str
-    section: str  # the section strategy of this group ("householder" for Euclidean groups)
-    dtype: Any = None  # float16/bfloat16 leaves: their dtype; the step is computed in float32 and cast back
-
-    @property
-    def upcast(self) -> bool:
-        return self.dtype is not None
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What ``init`` learnt about a parameter tree: its structure, leaf paths and groups."""
-
-    treedef: Any
-    paths: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    groups: tuple[Group, ...]
-
-
-def _half_dtype(x: Array) -> Any:
-    """The dtype of a float16/bfloat16 leaf (computed in float32 by the optimizer), else None."""
-    return x.dtype if _backend.dtype_name(x.dtype) in ("float16", "bfloat16") else None
-
-
-def _is_manifold_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, Manifold)
+    layout: Layout  # paths, shapes and groups of the tree (geoarray.optim.layout)
 
 
 def _readable(flag: Array) -> bool:
     """Whether ``update`` may read the finiteness flag to the host (eager) or must mask (traced)."""
     return not _backend.is_traced(flag)
-
-
-def _path(path: tuple) -> str:
-    return "params" + "".join(f"[{p!r}]" for p in path)
 
 
 class RiemannianOptimizer:
@@ -178,7 +145,7 @@ class RiemannianOptimizer:
         Any ``(init, update)`` pair over pytrees — :mod:`geoarray.optim.transforms` or optax. Its
         output is the velocity W, *added* through the retraction (so it should end with a
         learning-rate scale, which multiplies by −η).
-    section : {"householder", "transported", "random"} or None
+    section : {"householder", "rotated", "transported", "random"} or None
         The section strategy for every manifold leaf (None: each manifold's own setting).
     retraction : {"geodesic", "cayley"} or None
         exp(W)E or Cay(W)E (None: each manifold's own ``retraction_method``).
@@ -188,6 +155,9 @@ class RiemannianOptimizer:
         Update same-shaped leaves of one manifold in one batched call (default True).
     seed : int
         Seeds the ``"random"`` section strategy.
+    consistent_frames : bool
+        The transform compares g^hor coordinates across steps (BFGS's (s, y) pairs), so a section
+        drawn anew at every step (``"random"``) is refused at ``init``, naming the leaf.
     """
 
     def __init__(
@@ -199,25 +169,30 @@ class RiemannianOptimizer:
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        consistent_frames: bool = False,
     ):
         if not (callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))):
             raise TypeError(f"transform must be a gradient transformation (init, update), got {transform!r}")
-        if section is not None and section not in _SECTIONS:
-            raise ValueError(f"section must be one of {_SECTIONS} or None, got {section!r}")
-        if retraction is not None and retraction not in _RETRACTIONS:
-            raise ValueError(f"retraction must be one of {_RETRACTIONS} or None, got {retraction!r}")
-        if on_nonfinite not in _POLICIES:
-            raise ValueError(f"on_nonfinite must be one of {_POLICIES}, got {on_nonfinite!r}")
+        if section is not None and section not in SECTIONS:
+            raise ValueError(f"section must be one of {SECTIONS} or None, got {section!r}")
+        if retraction is not None and retraction not in RETRACTIONS:
+            raise ValueError(f"retraction must be one of {RETRACTIONS} or None, got {retraction!r}")
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int (it seeds 'random' sections), got {seed!r}")
+        if consistent_frames and section == "random":
+            raise ValueError(
+                f"{type(self).__name__} needs g^hor coordinates that are consistent between steps, but "
+                "section='random' draws a new frame every step; use section='transported'"
+            )
         self.transform = transform
         self.section = section
         self.retraction = retraction
         self.on_nonfinite = on_nonfinite
         self.group_same_shape = bool(group_same_shape)
         self.seed = seed
-        self._layout: Layout | None = None
-        self._warned_nonfinite = False
+        self.consistent_frames = bool(consistent_frames)
 
     def __repr__(self) -> str:
         opts = [f"section={self.section!r}"] if self.section else []
@@ -225,30 +200,7 @@ class RiemannianOptimizer:
         opts += [f"on_nonfinite={self.on_nonfinite!r}", f"group_same_shape={self.group_same_shape}"]
         return f"{type(self).__name__}({', '.join(opts)})"
 
-    # -- trees and groups --------------------------------------------------------------------------
-
-    @staticmethod
-    def _flatten_params(params: Any, name: str = "params") -> tuple[list, Any, list]:
-        paths, leaves, treedef = optree.tree_flatten_with_path(params)
-        if not leaves:
-            raise ValueError(f"{name} has no array leaves")
-        return leaves, treedef, paths
-
-    @staticmethod
-    def _flatten_manifolds(manifolds: Any, params: Any, n_leaves: int) -> list[Manifold]:
-        if manifolds is None:
-            return [Euclidean()] * n_leaves
-        mans, mdef = optree.tree_flatten(manifolds, is_leaf=_is_manifold_leaf, none_is_leaf=True)
-        treedef = optree.tree_structure(params, none_is_leaf=True)
-        if mdef != treedef:
-            raise ValueError(
-                f"manifolds must have the tree structure of params (a Manifold or None per leaf): params {treedef}, "
-                f"manifolds {mdef}"
-            )
-        for m in mans:
-            if not _is_manifold_leaf(m):
-                raise TypeError(f"manifolds leaves must be Manifold instances or None, got {type(m).__name__}")
-        return [Euclidean() if m is None else m for m in mans]
+    # -- sections ------------------------------------------------------------------------------------
 
     def _strategy(self, M: Manifold, path: str) -> str:
         if isinstance(M, Euclidean):
@@ -259,52 +211,12 @@ class RiemannianOptimizer:
                 f"{path} lives on {M!r}, which has no section strategy {strategy!r} "
                 f"(it supports {M.section_strategies}); choose section= accordingly"
             )
-        return strategy
-
-    def _make_groups(self, leaves: list, mans: list[Manifold], paths: list[str]) -> tuple[Group, ...]:
-        strategies = [self._strategy(m, p) for m, p in zip(mans, paths, strict=True)]
-        if not self.group_same_shape:
-            return tuple(
-                Group(m, (i,), "single", s, _half_dtype(leaves[i]))
-                for i, (m, s) in enumerate(zip(mans, strategies, strict=True))
+        if self.consistent_frames and strategy == "random":
+            raise ValueError(
+                f"{type(self).__name__} needs g^hor coordinates that are consistent between steps, but {path} on {M!r} "
+                "draws a new random section every step; use section='transported'"
             )
-        buckets: dict[tuple, list[int]] = {}
-        for i, (leaf, m) in enumerate(zip(leaves, mans, strict=True)):
-            where = (str(leaf.dtype), str(_backend.device(leaf)))
-            key = ("flat", *where) if isinstance(m, Euclidean) else ("stack", m, tuple(leaf.shape), *where)
-            buckets.setdefault(key, []).append(i)
-        groups = []
-        for key, idx in buckets.items():
-            manifold = Euclidean() if key[0] == "flat" else key[1]
-            kind = "single" if len(idx) == 1 else key[0]
-            groups.append(Group(manifold, tuple(idx), kind, strategies[idx[0]], _half_dtype(leaves[idx[0]])))
-        return tuple(groups)
-
-    @staticmethod
-    def _pack(group: Group, leaves: list, xp: Any) -> Array:
-        if group.kind == "single":
-            packed = leaves[group.indices[0]]
-        elif group.kind == "stack":
-            packed = xp.stack([leaves[i] for i in group.indices], axis=0)
-        else:
-            packed = xp.concat([xp.reshape(leaves[i], (-1,)) for i in group.indices], axis=0)
-        return xp.astype(packed, xp.float32) if group.upcast else packed
-
-    @staticmethod
-    def _unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> None:
-        if group.upcast:
-            packed = xp.astype(packed, group.dtype)
-        if group.kind == "single":
-            out[group.indices[0]] = packed
-        elif group.kind == "stack":
-            for i, leaf in zip(group.indices, xp.unstack(packed, axis=0), strict=True):
-                out[i] = leaf
-        else:
-            parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
-            for i, part in zip(group.indices, parts, strict=True):
-                out[i] = xp.reshape(part, shapes[i])
-
-    # -- sections ------------------------------------------------------------------------------------
+        return strategy
 
     def _section_seed(self, step: Array, g: int) -> np.random.SeedSequence:
         if _backend.is_traced(step):
@@ -314,7 +226,7 @@ class RiemannianOptimizer:
             )
         return np.random.SeedSequence([self.seed, int(step), g])
 
-    def _section(self, group: Group, Y: Array, g: int, step: Array, sections: tuple) -> Any:
+    def _section(self, group: _layout.Group, Y: Array, g: int, step: Array, sections: tuple) -> Any:
         if group.section == "transported":
             return sections[g]
         if group.section == "random":
@@ -323,24 +235,16 @@ class RiemannianOptimizer:
 
     # -- init ------------------------------------------------------------------------------------------
 
-    @property
-    def layout(self) -> Layout:
-        """The layout recorded by the last :meth:`init` (raises before the first one)."""
-        if self._layout is None:
-            raise RuntimeError(f"{self!r} has not been initialised: call state = opt.init(params, manifolds) first")
-        return self._layout
-
     def init(self, params: Any, manifolds: Any = None) -> RiemannianState:
         """The initial state for ``params`` (a tree of arrays) constrained by ``manifolds``.
 
         ``manifolds`` has the tree structure of ``params`` with a Manifold or None (Euclidean) per
         leaf; ``None`` altogether means every leaf is Euclidean. Points must have the trailing shape
-        of their manifold. Records the layout of this tree on the optimizer (module docstring).
+        of their manifold. The state carries the layout of this tree (module docstring).
         """
-        leaves, treedef, raw_paths = self._flatten_params(params)
-        paths = [_path(p) for p in raw_paths]
+        leaves, treedef, paths = _layout.flatten_params(params)
         xp = array_namespace(*leaves)
-        mans = self._flatten_manifolds(manifolds, params, len(leaves))
+        mans = _layout.flatten_manifolds(manifolds, params, len(leaves))
         for leaf, m, path in zip(leaves, mans, paths, strict=True):
             _backend.check_real_floating(leaf, path, xp)
             shape = m.point_shape
@@ -354,26 +258,30 @@ class RiemannianOptimizer:
                 not isinstance(m, Euclidean)
                 and not _backend.is_traced(leaf)
                 and not m.is_point(
-                    leaf if _half_dtype(leaf) is None else xp.astype(leaf, xp.float32),
-                    atol=Manifold._default_atol(leaf.dtype, xp),
+                    leaf if _layout.half_dtype(leaf) is None else xp.astype(leaf, xp.float32),
+                    atol=Manifold.default_atol(leaf.dtype, xp),
                 )
             ):
                 raise ValueError(
                     f"{path} is not a point of {m!r} (M.is_point at its default tolerance); start from a point "
                     "of the manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
                 )
-        groups = self._make_groups(leaves, mans, paths)
-        if any(g.section == "rotated" for g in groups) and getattr(self.transform, "reframe", None) is None:
+        strategies = [self._strategy(m, p) for m, p in zip(mans, paths, strict=True)]
+        layout = _layout.make_layout(
+            leaves, treedef, paths, mans, strategies=strategies, group_same_shape=self.group_same_shape
+        )
+        if any(g.section == "rotated" for g in layout.groups) and getattr(self.transform, "reframe", None) is None:
             raise ValueError(
                 "section='rotated' re-expresses the transform's state in each new frame, but this transform has no "
                 "reframe rule (optax transforms and BFGS have none); use section='householder' or 'transported'"
             )
+        _backend.ensure_static_nodes()
         device = _backend.device(leaves[0])
         step = xp.zeros((), dtype=_backend.index_dtype(xp), device=device)
         lifted, sections = [], []
-        for g, group in enumerate(groups):
+        for g, group in enumerate(layout.groups):
             M = group.manifold
-            Y = self._pack(group, leaves, xp)
+            Y = _layout.pack(group, leaves, xp)
             if group.section == "random":
                 lam = M.global_section(Y, strategy="random", seed=np.random.SeedSequence([self.seed, 0, g]))
             else:
@@ -387,53 +295,36 @@ class RiemannianOptimizer:
                 sections.append(NoSection())
             lifted.append(zero)
         inner = self.transform.init(tuple(lifted))
-        self._layout = Layout(treedef, tuple(paths), tuple(tuple(x.shape) for x in leaves), groups)
-        return RiemannianState(step, xp.zeros_like(step), inner, tuple(sections))
+        return RiemannianState(step, xp.zeros_like(step), inner, tuple(sections), layout)
 
     # -- update ------------------------------------------------------------------------------------------
 
-    def _check_update_inputs(self, params: Any, grads: Any, state: Any) -> tuple[list, list, Any]:
-        self.layout  # noqa: B018  (raises before the first init)
+    def update(
+        self, params: Any, grads: Any, state: RiemannianState, *, check: bool = True
+    ) -> tuple[Any, RiemannianState]:
+        """One step of Algorithm 1: ``params, state = opt.update(params, grads, state)``.
+
+        Pure: the inputs are not modified. ``grads`` are Euclidean gradients ∇L with the tree
+        structure, shapes and dtypes of ``params``. ``check=False`` skips the comparison of params
+        and grads with the state's layout (tree structure, shapes, dtypes, devices) for callers that
+        checked them already (``geoarray.torch``'s optimizers do, once per step for all groups).
+        """
         if not isinstance(state, RiemannianState):
-            raise TypeError(f"state must be the RiemannianState returned by init, got {type(state).__name__}")
-        return self._check_params_and_grads(params, grads, len(state.sections))
-
-    def _check_params_and_grads(self, params: Any, grads: Any, n_groups: int) -> tuple[list, list, Any]:
-        """Tree structure, shapes, dtypes and devices of params and grads against the recorded layout."""
-        layout = self.layout
-        leaves, treedef, _ = self._flatten_params(params)
-        # torch.compile's optree polyfill cannot compare tree specs; its guards re-trace on a new structure
-        if not _backend.is_compiling() and treedef != layout.treedef:
-            raise ValueError(
-                f"params has tree structure {treedef}, but this optimizer was initialised for {layout.treedef}; "
-                "call opt.init(params, manifolds) for a new tree"
+            raise TypeError(
+                f"state must be the RiemannianState returned by opt.init(params, manifolds), got {type(state).__name__}"
             )
-        gleaves, gdef = optree.tree_flatten(grads)
-        if not _backend.is_compiling() and gdef != treedef:
-            raise ValueError(f"grads must have the tree structure of params {treedef}, got {gdef}")
-        xp = array_namespace(*leaves, *gleaves)
-        for p, g, path, shape in zip(leaves, gleaves, layout.paths, layout.shapes, strict=True):
-            if tuple(p.shape) != shape:
-                raise ValueError(f"{path} has shape {tuple(p.shape)}, but the optimizer was initialised with {shape}")
-            if tuple(g.shape) != tuple(p.shape):
-                raise ValueError(f"grad of {path} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
-            if g.dtype != p.dtype:
-                raise TypeError(
-                    f"grad of {path} has dtype {_backend.dtype_name(g.dtype)}, the parameter "
-                    f"{_backend.dtype_name(p.dtype)}"
-                )
-            if _backend.device(g) != _backend.device(p):
-                raise ValueError(
-                    f"grad of {path} is on device {_backend.device(g)}, the parameter on {_backend.device(p)}"
-                )
-        if n_groups != len(layout.groups):
-            raise ValueError(
-                f"state has {n_groups} parameter groups, this optimizer's layout {len(layout.groups)}: "
-                "the state was built by another optimizer or for other parameters"
-            )
-        return leaves, gleaves, xp
+        layout = state.layout
+        if check:
+            leaves, gleaves, xp = _layout.check_inputs(layout, params, grads)
+        else:
+            leaves, gleaves = optree.tree_leaves(params), optree.tree_leaves(grads)
+            xp = array_namespace(*leaves)
+        new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp)
+        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
+        # made inside the traced call can rebuild the tree, one carried by the state cannot
+        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
-    def _finite(self, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
+    def _finite(self, layout: Layout, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
         """Whether every gradient is finite: a Python bool when eager (read to the host), a 0-d boolean
         array when traced, None for no check. Checked on the packed groups, so a tree of many leaves
         costs a few reductions (369 ViT leaves: 2), not one per leaf; ``"raise"`` checks per leaf to
@@ -442,7 +333,7 @@ class RiemannianOptimizer:
             return None
         if self.on_nonfinite == "raise":
             flags = [xp.all(xp.isfinite(g)) for g in gleaves]
-            bad = [p for f, p in zip(flags, self.layout.paths, strict=True) if not bool(f)]
+            bad = [p for f, p in zip(flags, layout.paths, strict=True) if not bool(f)]
             if bad:
                 raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
             return None
@@ -454,30 +345,21 @@ class RiemannianOptimizer:
             finite = flag if finite is None else xp.logical_and(finite, flag)
         return finite
 
-    def update(self, params: Any, grads: Any, state: RiemannianState) -> tuple[Any, RiemannianState]:
-        """One step of Algorithm 1: ``params, state = opt.update(params, grads, state)``.
-
-        Pure: the inputs are not modified. ``grads`` are Euclidean gradients ∇L with the tree
-        structure, shapes and dtypes of ``params``.
-        """
-        leaves, gleaves, xp = self._check_update_inputs(params, grads, state)
-        new_leaves, new_state = self._update_leaves(leaves, gleaves, state, xp)
-        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
-        # made inside the traced call can rebuild the tree, one recorded by init cannot
-        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
-
-    def _update_leaves(self, leaves: list, gleaves: list, state: RiemannianState, xp: Any) -> tuple[list, Any]:
-        """The step of :meth:`update` on the flattened leaves, already checked against the layout
-        (``geoarray.torch``'s optimizers check their parameters themselves, once)."""
-        layout = self.layout
-        packed_grads = [self._pack(group, gleaves, xp) for group in layout.groups]
-        finite = self._finite(gleaves, packed_grads, xp)
+    def _step(self, layout: Layout, leaves: list, gleaves: list, state: RiemannianState, xp: Any) -> tuple[list, Any]:
+        """The step of :meth:`update` on the flattened leaves, already checked against the layout."""
+        if len(state.sections) != len(layout.groups):
+            raise ValueError(
+                f"state has {len(state.sections)} parameter groups but its layout {len(layout.groups)}: "
+                "the state was assembled from parts of different optimizer states"
+            )
+        packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
+        finite = self._finite(layout, gleaves, packed_grads, xp)
         if isinstance(finite, bool):
             # eager: the flag was read to the host (one scalar; a retraction reads one anyway), so a
             # skipped step computes nothing and a finite one needs no masks (about 30 operations)
             if not finite:
-                skipped = RiemannianState(state.step, _backend.as_array(state.skipped + 1), state.inner, state.sections)
-                self._warn_skipped(skipped)
+                skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
+                _warn_skipped(state, skipped)
                 return list(leaves), skipped
             finite = None
         if finite is not None:
@@ -491,7 +373,7 @@ class RiemannianOptimizer:
         points, lams, lifted, lifted_params = [], [], [], []
         for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
             M = group.manifold
-            Y = self._pack(group, leaves, xp)
+            Y = _layout.pack(group, leaves, xp)
             lam = self._section(group, Y, g, step, state.sections)
             points.append(Y)
             lams.append(lam)
@@ -507,7 +389,6 @@ class RiemannianOptimizer:
         velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         new_leaves: list = [None] * len(leaves)
         new_sections = []
-        keep = lambda new, old: xp.where(finite, new, old)  # noqa: E731
         for group, lam, W, Y in zip(layout.groups, lams, velocity, points, strict=True):
             M = group.manifold
             if group.section == "transported":
@@ -519,16 +400,18 @@ class RiemannianOptimizer:
             if finite is not None:
                 # per group, before unpacking (and before a half-precision group is cast back): the old
                 # leaves come back unchanged, bit for bit
-                Y_new = keep(Y_new, Y)
-            self._unpack(group, Y_new, layout.shapes, xp, new_leaves)
+                Y_new = xp.where(finite, Y_new, Y)
+            _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
             new_sections.append(lam_new)
-        new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections))
+        new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
         if finite is not None:
+            where_finite = lambda new, old: xp.where(finite, new, old)  # noqa: E731
             new_state = RiemannianState(
-                keep(step, state.step),
+                where_finite(step, state.step),
                 _backend.as_array(state.skipped + xp.astype(xp.logical_not(finite), state.skipped.dtype)),
-                optree.tree_map(keep, new_state.inner, state.inner),
-                optree.tree_map(keep, new_state.sections, state.sections),
+                optree.tree_map(where_finite, new_state.inner, state.inner),
+                optree.tree_map(where_finite, new_state.sections, state.sections),
+                layout,
             )
         return new_leaves, new_state
 
@@ -552,19 +435,20 @@ class RiemannianOptimizer:
 
         return rotate
 
-    def _warn_skipped(self, state: RiemannianState) -> None:
-        """Warn at the first skipped eager update (traced updates cannot: ``state.skipped`` counts them)."""
-        if self._warned_nonfinite:
-            return
-        self._warned_nonfinite = True
-        skipped = int(state.skipped)
-        warnings.warn(
-            f"{skipped} of {int(state.step) + skipped} optimizer updates were skipped because a gradient was not "
-            "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
-            "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
-            NonFiniteGradientWarning,
-            stacklevel=4,
-        )
+
+def _warn_skipped(before: RiemannianState, after: RiemannianState) -> None:
+    """Warn at the first skipped eager update of a state's history (``before.skipped`` is zero; traced
+    updates cannot warn: ``state.skipped`` counts them)."""
+    if int(before.skipped) != 0:
+        return
+    skipped = int(after.skipped)
+    warnings.warn(
+        f"{skipped} of {int(after.step) + skipped} optimizer updates were skipped because a gradient was not "
+        "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
+        "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
+        NonFiniteGradientWarning,
+        stacklevel=4,
+    )
 
 
 def riemannian(

@@ -19,7 +19,7 @@ Schedule = Callable[[Any], Any]
 
 def constant(lr: float) -> Schedule:
     """η(t) = lr."""
-    _check_positive(lr, "lr")
+    check_positive(lr, "lr")
     return lambda t: lr
 
 
@@ -36,8 +36,8 @@ def exponential_decay(lr_start: float, lr_end: float, n: int, *, steps_per_epoch
     (GeometricMachineLearning.jl's ``AdamOptimizerWithDecay`` takes ``n_epochs`` but decays at every
     update call, i.e. per batch step; here the unit is explicit.)
     """
-    _check_positive(lr_start, "lr_start")
-    _check_positive(lr_end, "lr_end")
+    check_positive(lr_start, "lr_start")
+    check_positive(lr_end, "lr_end")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int (steps or epochs), got {n!r}")
     if steps_per_epoch is not None and (
@@ -58,10 +58,10 @@ def exponential_decay(lr_start: float, lr_end: float, n: int, *, steps_per_epoch
 def as_schedule(lr: float | Schedule, name: str = "lr") -> Schedule:
     if callable(lr):
         return lr
-    _check_positive(lr, name)
+    check_positive(lr, name)
     return constant(lr)
 
 
-def _check_positive(value: Any, name: str) -> None:
+def check_positive(value: Any, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")

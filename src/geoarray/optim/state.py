@@ -27,7 +27,13 @@ import numpy as np
 import optree
 
 from .. import _backend
+from .manifold_muon import ManifoldMuonState
+from .partition import PartitionState
 from .riemannian import RiemannianState
+
+#: every optimizer state the library returns (RiemannianOptimizer and the methods built on it,
+#: ManifoldMuon and Muon, partition)
+STATE_TYPES = (RiemannianState, ManifoldMuonState, PartitionState)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "load_state", "save_state", "state_leaves"]
 
@@ -56,8 +62,11 @@ def _meta(state: Any, leaves: list, treedef: Any, optimizer: Any) -> dict:
 
 
 def _check_state(state: Any, name: str) -> None:
-    if not isinstance(state, RiemannianState):
-        raise TypeError(f"{name} must be the RiemannianState returned by opt.init, got {type(state).__name__}")
+    if not isinstance(state, STATE_TYPES):
+        raise TypeError(
+            f"{name} must be an optimizer state returned by opt.init or opt.update "
+            f"({', '.join(t.__name__ for t in STATE_TYPES)}), got {type(state).__name__}"
+        )
 
 
 def save_state(path: str | os.PathLike, state: RiemannianState, *, optimizer: Any = None) -> None:

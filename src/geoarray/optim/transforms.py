@@ -31,7 +31,7 @@ import optree
 from .. import _backend
 from .._backend import array_namespace
 from ..manifolds.horizontal import HorizontalElement
-from .schedules import _check_positive, as_schedule
+from .schedules import as_schedule, check_positive
 
 __all__ = [
     "AddDecayedWeightsState",
@@ -134,7 +134,7 @@ def _first_leaf(tree: Any, name: str) -> Array:
     return leaves[0]
 
 
-def _zero_count(tree: Any) -> Array:
+def zero_count(tree: Any) -> Array:
     """A 0-d integer step counter on the device of the tree's arrays (int32 under JAX's default)."""
     leaf = _first_leaf(tree, "params")
     xp = array_namespace(leaf)
@@ -147,7 +147,7 @@ def _as_float(count: Array, like: Array) -> Array:
     return xp.astype(xp.asarray(count), like.dtype)
 
 
-def _check_unit_interval(value: Any, name: str, *, closed: bool = False) -> float:
+def check_unit_interval(value: Any, name: str, *, closed: bool = False) -> float:
     ok = (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
@@ -235,8 +235,8 @@ def scale_by_adam(
     Elementwise arithmetic on a horizontal element treats a_ij and a_ji alike, so the direction of a
     skew A-block stays skew.
     """
-    b1 = _check_unit_interval(beta1, "beta1")
-    b2 = _check_unit_interval(beta2, "beta2")
+    b1 = check_unit_interval(beta1, "beta1")
+    b2 = check_unit_interval(beta2, "beta2")
     delta = _check_nonnegative(delta, "delta")
     eps = _check_nonnegative(eps, "eps")
     if delta == 0 and eps == 0:
@@ -244,7 +244,7 @@ def scale_by_adam(
 
     def init(params: Any) -> ScaleByAdamState:
         zeros = _zeros_like(params)
-        return ScaleByAdamState(_zero_count(params), zeros, zeros)
+        return ScaleByAdamState(zero_count(params), zeros, zeros)
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
@@ -294,7 +294,7 @@ def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
 
     The first step equals a gradient step (the cache starts at zero).
     """
-    alpha = _check_unit_interval(alpha, "alpha", closed=True)
+    alpha = check_unit_interval(alpha, "alpha", closed=True)
 
     def init(params: Any) -> ScaleByMomentumState:
         return ScaleByMomentumState(_zeros_like(params))
@@ -319,7 +319,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
         schedule = lr
 
         def init(params: Any) -> ScaleByScheduleState:
-            return ScaleByScheduleState(_zero_count(params))
+            return ScaleByScheduleState(zero_count(params))
 
         def update(updates: Any, state: ScaleByScheduleState, params: Any = None) -> tuple[Any, Any]:
             count = state.count + 1
@@ -384,7 +384,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     Riemannian norm and the clipped update stays horizontal (the retraction keeps the weight on its
     manifold).
     """
-    _check_positive(max_norm, "max_norm")
+    check_positive(max_norm, "max_norm")
     max_norm = float(max_norm)
 
     def init(params: Any) -> ClipByGlobalNormState:
@@ -455,7 +455,7 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
     coordinates and would need the dense (N−n)×(N−n) rotation; use the transported section.
     """
     schedule = as_schedule(lr)
-    _check_positive(curvature_eps, "curvature_eps")
+    check_positive(curvature_eps, "curvature_eps")
     curvature_eps = float(curvature_eps)
 
     def init(params: Any) -> ScaleByBFGSState:
@@ -468,7 +468,7 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
             eye = xp.eye(d, dtype=x.dtype, device=_backend.device(x))
             hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype))
         zeros = _zeros_like(params)
-        return ScaleByBFGSState(_zero_count(params), zeros, zeros, treedef.unflatten(hs))
+        return ScaleByBFGSState(zero_count(params), zeros, zeros, treedef.unflatten(hs))
 
     def one(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
         xp = array_namespace(*optree.tree_leaves(B))
@@ -604,8 +604,8 @@ def scale_by_torch_adam(
     (see :func:`add_decayed_weights`). Elementwise arithmetic on a horizontal element treats a_ij and
     a_ji alike, so a skew A-block stays skew.
     """
-    b1 = _hyperparameter(beta1, "beta1", _check_unit_interval)
-    b2 = _hyperparameter(beta2, "beta2", _check_unit_interval)
+    b1 = _hyperparameter(beta1, "beta1", check_unit_interval)
+    b2 = _hyperparameter(beta2, "beta2", check_unit_interval)
     eps_ = _hyperparameter(eps, "eps", _check_nonnegative)
     delta_ = _hyperparameter(delta, "delta", _check_nonnegative)
     wd = _hyperparameter(weight_decay, "weight_decay", _check_nonnegative)
@@ -616,7 +616,7 @@ def scale_by_torch_adam(
 
     def init(params: Any) -> ScaleByTorchAdamState:
         zeros = _zeros_like(params)
-        return ScaleByTorchAdamState(_zero_count(params), zeros, zeros, zeros if amsgrad else ())
+        return ScaleByTorchAdamState(zero_count(params), zeros, zeros, zeros if amsgrad else ())
 
     def compute(t: Any) -> tuple:
         beta1_, beta2_ = b1(t), b2(t)
@@ -684,7 +684,7 @@ def scale_by_torch_sgd(
     uses_decay = callable(weight_decay) or weight_decay != 0
 
     def init(params: Any) -> ScaleBySGDState:
-        return ScaleBySGDState(_zero_count(params), () if no_momentum else _zeros_like(params))
+        return ScaleBySGDState(zero_count(params), () if no_momentum else _zeros_like(params))
 
     def compute(t: Any) -> tuple:
         if isinstance(t, int):

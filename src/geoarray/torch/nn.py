@@ -31,15 +31,10 @@ import optree
 import torch
 
 from .. import nn as _ga_nn
-from ..manifolds.base import Manifold
 from ._autograd import analytic_apply
 from .parameter import ManifoldParameter
 
 __all__ = ["Module", "wrapper"]
-
-
-def _is_manifold_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, Manifold)
 
 
 class _Node(torch.nn.Module):

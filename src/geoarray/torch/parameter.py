@@ -50,7 +50,7 @@ def nearest_point(tensor: torch.Tensor, manifold: Manifold) -> torch.Tensor | No
 def _tolerance(tensor: torch.Tensor, manifold: Manifold) -> float:
     import array_api_compat.torch as xp
 
-    return Manifold._default_atol(tensor.dtype, xp)
+    return Manifold.default_atol(tensor.dtype, xp)
 
 
 def _off_manifold_message(name: str, tensor: torch.Tensor, manifold: Manifold, *, projected: bool = False) -> str:

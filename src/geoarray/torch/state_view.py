@@ -39,6 +39,7 @@ import optree
 import torch
 
 from ..manifolds.horizontal import HorizontalElement
+from ..optim.layout import AS_IS, STACKED
 from ..optim.manifold_muon import ManifoldMuonState
 from ..optim.muon import ScaleByMuonState
 from ..optim.riemannian import RiemannianState
@@ -69,9 +70,9 @@ def _named_nodes(tree: Any) -> Iterator[Any]:
 
 def _piece(value: Any, group: Any, j: int, shapes: tuple) -> Any:
     """The part of a group's value (array or horizontal element) that belongs to leaf ``j``."""
-    if group.kind == "single":
+    if group.packing == AS_IS:
         return value
-    if group.kind == "stack":
+    if group.packing == STACKED:
         k = group.indices.index(j)
         return optree.tree_map(lambda a: a[k], value)
     offset = 0
@@ -86,8 +87,7 @@ def _piece(value: Any, group: Any, j: int, shapes: tuple) -> Any:
 
 
 def _layout(cohort: Any) -> Any:
-    layout = getattr(cohort.state, "layout", None)  # where a core keeps its layout in its state
-    return layout if layout is not None else cohort.core.layout
+    return cohort.state.layout  # the core keeps the layout of the tree in its state
 
 
 class StateView(Mapping):
@@ -112,8 +112,6 @@ class StateView(Mapping):
         if found is None:
             return {}
         _, cohort, j = found
-        if cohort.core is None:  # a copy before its first step: the core is rebuilt then
-            return {"step": cohort.state.step} if isinstance(cohort.state, RiemannianState) else {}
         layout = _layout(cohort)
         g = next(k for k, group in enumerate(layout.groups) if j in group.indices)
         group, state = layout.groups[g], cohort.state

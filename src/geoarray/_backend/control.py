@@ -1,0 +1,218 @@
+"""Control flow that differs between backends: tracing, compilation, device-side selects and loops,
+finiteness checks, and the static pytree nodes that optimizer states carry."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import optree
+
+from .namespace import is_jax, is_torch
+
+Namespace = Any
+Array = Any
+
+
+def is_compiling() -> bool:
+    """True while ``torch.compile`` traces (dynamo): Python-side checks that its polyfills cannot run are skipped."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def all_finite(x: Array, xp: Namespace) -> Array:
+    """A 0-d boolean array: every entry of x is finite.
+
+    Eager torch: isfinite(Σ x·0), two passes (x·0 is ±0 where x is finite and NaN where it is not,
+    and a sum with a NaN is NaN; no overflow, unlike isfinite(Σ x)) instead of the five of torch's
+    ``all(isfinite(x))`` (abs, ne, eq, mul, all): 0.12 ms instead of 1.3 ms on a 4096×128 float32
+    gradient. NumPy's isfinite is one pass (and x·0 would warn), and compilers (JAX, torch.compile)
+    fuse ``all(isfinite(x))`` into one pass and must not be offered x·0 to simplify.
+    """
+    if is_torch(xp) and not is_compiling():
+        return xp.isfinite(xp.sum(x * 0))
+    return xp.all(xp.isfinite(x))
+
+
+def all_finite_on_host(arrays: list, xp: Namespace) -> bool:
+    """Every entry of every array is finite, read to the host (eager use only).
+
+    torch: one pass and one scalar read, Σ Σ x: finite when every entry is; when it is not (a
+    non-finite entry, or finite entries whose sum overflows) the exact :func:`all_finite` of each
+    array decides (4096×128 float32: 30 µs instead of the 97 µs of Σ x·0). Elsewhere
+    :func:`all_finite` per array (NumPy would warn on inf − inf in a sum).
+    """
+    if is_torch(xp):
+        total = xp.sum(arrays[0])
+        for x in arrays[1:]:
+            total = total + xp.sum(x)
+        if math.isfinite(float(total)):
+            return True
+    return all(bool(all_finite(x, xp)) for x in arrays)
+
+
+def is_traced(x: Any) -> bool:
+    """True inside ``jax.jit``/``vmap`` (x is a tracer) or while ``torch.compile`` traces: values cannot be
+    read on the host there."""
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.core.Tracer):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+# -- static pytree nodes ----------------------------------------------------------------------------
+#
+# Optimizer states carry what ``update`` needs besides arrays (the layout of the parameter tree: its
+# paths, groups and manifolds), so that an optimizer object holds configuration only. Such a node must
+# flatten to no leaves in every pytree registry a state meets — optree (the library's), jax.tree_util
+# (jax.jit, optax) and torch.utils._pytree — and come back as the same object: its value is static
+# (hashable, compared by ``==``, part of the tree structure, so jax.jit specialises on it).
+
+_STATIC_NODES: list[type] = []
+_STATIC_REGISTERED: dict[str, set[type]] = {"jax": set(), "torch": set()}
+
+
+def register_static_node(cls: type) -> type:
+    """Class decorator: instances of ``cls`` are pytree nodes with no children whose value is static.
+
+    Registered with optree at once and with ``jax.tree_util`` / ``torch.utils._pytree`` by
+    :func:`ensure_static_nodes` (called by the optimizers' ``init`` and by ``geoarray.jax`` /
+    ``geoarray.torch`` on import), so importing geoarray imports neither framework.
+    """
+    optree.register_pytree_node(
+        cls,
+        lambda node: ((), node, ()),
+        lambda node, children: node,
+        namespace=optree.registry.__GLOBAL_NAMESPACE,  # type: ignore[attr-defined]
+    )
+    _STATIC_NODES.append(cls)
+    ensure_static_nodes()
+    return cls
+
+
+def ensure_static_nodes() -> None:
+    """Register the static node classes with jax.tree_util and torch.utils._pytree, where imported."""
+    if "jax" in sys.modules:
+        import jax
+
+        for cls in _STATIC_NODES:
+            if cls not in _STATIC_REGISTERED["jax"]:
+                jax.tree_util.register_pytree_node(cls, lambda node: ((), node), lambda node, children: node)
+                _STATIC_REGISTERED["jax"].add(cls)
+    if "torch" in sys.modules:
+        import torch.utils._pytree as torch_pytree
+
+        for cls in _STATIC_NODES:
+            if cls not in _STATIC_REGISTERED["torch"]:
+                torch_pytree.register_pytree_node(
+                    cls, lambda node: ([], node), lambda children, node: node, serialized_type_name=cls.__qualname__
+                )
+                _STATIC_REGISTERED["torch"].add(cls)
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _jax_jit(fn: Callable[..., Any], static_argnames: tuple[str, ...]) -> Callable[..., Any]:
+    import jax
+
+    return jax.jit(fn, static_argnames=static_argnames)
+
+
+def compiled(fn: Callable[..., Any], xp: Namespace, *static_argnames: str) -> Callable[..., Any]:
+    """``fn`` itself, or on JAX a cached ``jax.jit`` of it.
+
+    Eager JAX dispatches (and on first use compiles) every small op separately, which makes the
+    generic kernels (a Padé polynomial and masked squarings, a loop of Householder reflections)
+    100× slower than one compiled call. Inside a user's own ``jax.jit`` the inner jit is inlined.
+    ``static_argnames`` name the non-array arguments (the namespace, sizes, flags).
+    """
+    if is_jax(xp):
+        return _jax_jit(fn, tuple(static_argnames))
+    return fn
+
+
+def select(
+    value: Array, thresholds: tuple[float, ...], branches: list[Callable[[Any], Any]], operand: Any, xp: Namespace
+) -> Any:
+    """``branches[i](operand)`` for the first i with ``value ≤ thresholds[i]`` (ascending), else the last
+    branch (also for a NaN ``value``); ``branches`` has one more entry than ``thresholds``, and each must
+    give the same result to within its own accuracy (the choice is only about cost).
+
+    Eager: ``value`` (a 0-d array) is read to the host and one branch runs. Under ``jax.jit``:
+    ``lax.switch`` on the traced index, so only the chosen branch runs, without a host read. Under
+    ``torch.compile``, which has no multi-way conditional: the last branch (the general one).
+    """
+    if not is_traced(value):
+        v = float(value)
+        for threshold, branch in zip(thresholds, branches, strict=False):
+            if v <= threshold:  # False for NaN
+                return branch(operand)
+        return branches[-1](operand)
+    if is_jax(xp):
+        import jax
+
+        # the number of (ascending) thresholds below the value; a NaN value takes the last branch
+        above = [xp.astype(value > t, xp.int32) for t in thresholds]
+        nan = xp.astype(xp.isnan(value), xp.int32) * len(thresholds)
+        index = xp.minimum(sum(above) + nan, len(thresholds))
+        return jax.lax.switch(index, branches, operand)
+    return branches[-1](operand)
+
+
+def static_loop(body: Callable[[int, Any], Any], carry: Any, n: int, xp: Namespace) -> Any:
+    """Apply ``body(k, carry)`` for k = 0, 1, …, n − 1 (``n`` a Python int): ``lax.fori_loop`` on JAX,
+    so a jitted program holds one copy of ``body`` instead of ``n``; a Python loop elsewhere."""
+    if is_jax(xp):
+        import jax
+
+        return jax.lax.fori_loop(0, n, body, carry)
+    for k in range(n):
+        carry = body(k, carry)
+    return carry
+
+
+def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_count: int, xp: Namespace) -> Any:
+    """Apply ``body(k, carry)`` for k = 0, 1, …, max(counts) − 1 (at most ``max_count`` times).
+
+    ``counts`` holds a per-batch-element iteration count; ``body`` masks the elements that are done
+    (``counts > k``). On JAX the loop is ``lax.fori_loop`` with a traced trip count, so it compiles
+    under ``jax.jit`` (it is then forward-mode differentiable only); under ``torch.compile`` it is
+    torch's ``while_loop`` higher-order operator, so the graph does not break. On eager backends the
+    trip count is read to the host once (a single scalar, no array transfer) so no iteration is
+    wasted; this is the one host synchronisation of an eager retraction (free on a CPU, a stream
+    synchronisation on CUDA: compile the step there). Elements needing more than ``max_count``
+    iterations are the caller's to flag.
+    """
+    if is_jax(xp):
+        import jax
+
+        n = xp.astype(xp.clip(xp.max(counts), 0, max_count), xp.int32)
+        return jax.lax.fori_loop(0, n, body, carry)
+    if is_torch(xp) and is_compiling():
+        # torch.compile: a while_loop higher-order op with a traced trip count, so the graph does not
+        # break at a host read (the eager path below reads the count once)
+        import torch
+        from torch._higher_order_ops.while_loop import while_loop
+
+        single = not isinstance(carry, tuple)
+        n = torch.clamp(torch.max(counts), 0, max_count).to(torch.int64)
+        k0 = torch.zeros((), dtype=torch.int64, device=n.device)
+
+        def step(k, *c):
+            out = body(k, c[0] if single else tuple(c))
+            return (k + 1, *((out,) if single else out))
+
+        out = while_loop(lambda k, *c: k < n, step, (k0, *((carry,) if single else carry)))
+        return out[1] if single else tuple(out[1:])
+    n = max(0, min(int(xp.max(counts)), max_count))
+    for k in range(n):
+        carry = body(k, carry)
+    return carry

@@ -1,0 +1,394 @@
+"""Native fast paths behind generic functions: a generic array-API function asks :func:`fast_path` for a
+native implementation on the current backend and falls back to its own code when there is none; a
+test checks every registered native path against the generic one on every backend that has it."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import array_api_compat as _compat
+import numpy as np
+
+from .control import is_compiling
+from .namespace import backend_name, device
+
+Namespace = Any
+Array = Any
+
+# --------------------------------------------------------------------------------------------
+# Fast paths
+# --------------------------------------------------------------------------------------------
+
+
+class _FastPath(NamedTuple):
+    fn: Callable[..., Any]
+    auto: bool
+
+
+_FAST_PATHS: dict[tuple[str, str], _FastPath] = {}
+_IMPLS = ("auto", "generic", "native")
+
+
+def register_fast_path(
+    op: str, backend: str, *, auto: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``fn`` as the native implementation of ``op`` on ``backend``.
+
+    The function receives the same arguments as the generic implementation and may return
+    ``NotImplemented`` to decline (e.g. when an optional dependency such as SciPy is missing).
+    ``auto=False`` keeps it opt-in (``impl="native"``): used when the generic path is measurably
+    more accurate and the native one is not much faster.
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _FAST_PATHS[(op, backend)] = _FastPath(fn, auto)
+        return fn
+
+    return decorator
+
+
+def fast_path(op: str, xp: Namespace, impl: str = "auto") -> Callable[..., Any] | None:
+    """The native implementation of ``op`` for ``xp`` that ``impl`` selects, or ``None``.
+
+    ``impl="auto"``: the registered native path if it is marked for automatic use;
+    ``"generic"``: none; ``"native"``: the registered one, or ``ValueError`` if the backend has none.
+    """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "generic":
+        return None
+    entry = _FAST_PATHS.get((op, backend_name(xp)))
+    if impl == "native":
+        if entry is None:
+            raise ValueError(
+                f"impl='native': the {backend_name(xp)} backend has no native {op}; "
+                f"backends with one: {', '.join(fast_path_backends(op)) or 'none'}"
+            )
+        return entry.fn
+    return entry.fn if entry is not None and entry.auto else None
+
+
+def fast_path_backends(op: str) -> list[str]:
+    """Backends that have a native implementation of ``op`` (for tests and docs)."""
+    return sorted(b for (o, b) in _FAST_PATHS if o == op)
+
+
+# expm --------------------------------------------------------------------------------------
+# Opt-in only: against exact references the generic degree-13 Padé path of geoarray.linalg.expm
+# stays below 3e-14 relative error up to ‖A‖ = 1e3, while (float64, 16×16, measured 2026-11)
+# scipy.linalg.expm reaches 3e-12, torch.linalg.matrix_exp 1.7e-13 and jax.scipy.linalg.expm
+# 1.6e-13; the generic path costs 1.3-1.6× torch's native time and beats SciPy's.
+
+
+@register_fast_path("expm", "torch", auto=False)
+def _expm_torch(A: Array) -> Array:
+    import torch
+
+    return torch.linalg.matrix_exp(A)
+
+
+@register_fast_path("expm", "jax", auto=False)
+def _expm_jax(A: Array) -> Array:
+    import jax.scipy.linalg as jsl
+
+    return jsl.expm(A)
+
+
+@register_fast_path("expm", "numpy", auto=False)
+def _expm_numpy(A: Array) -> Array:
+    try:
+        import scipy.linalg as sla
+    except ImportError:  # SciPy is optional; the generic Padé path takes over
+        return NotImplemented
+    return sla.expm(A)
+
+
+# inverse of an upper-triangular matrix ---------------------------------------------------------
+# The array API has no triangular solve. Without a native one, the compact-WY T factor comes from a
+# terminating Neumann series (linalg._t_factor_series) and other callers use a general LU solve against I.
+# The native ones use the triangular solver (torch, 4096×128's T factor: 0.14 ms instead of 0.44 ms for
+# the LU solve); on torch the series is slower (336 × 7×7: 0.85 ms against 0.40 ms: small bmm are slow).
+
+
+@register_fast_path("triu_inverse", "torch")
+def _triu_inverse_torch(U: Array) -> Array:
+    import torch
+
+    eye = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device).expand(U.shape)
+    return torch.linalg.solve_triangular(U, eye, upper=True)
+
+
+@register_fast_path("triu_inverse", "jax")
+def _triu_inverse_jax(U: Array) -> Array:
+    import jax
+    import jax.numpy as jnp
+
+    eye = jnp.broadcast_to(jnp.eye(U.shape[-1], dtype=U.dtype), U.shape)
+    return jax.lax.linalg.triangular_solve(U, eye, left_side=True, lower=False)
+
+
+# C + α·A@B ---------------------------------------------------------------------------------------
+# torch's addmm/baddbmm add the product into C inside the GEMM (β = 1): one N×n pass and one
+# temporary fewer than A@B followed by an addition (one thread, float32: 4096×128·128×128 with the
+# subtraction 1.51 ms → 1.45 ms, 1024×64·64×64 101 µs → 94 µs).
+# NumPy exposes no GEMM with β, and XLA fuses the addition by itself.
+
+
+@register_fast_path("addmm", "torch")
+def _addmm_torch(C: Array, A: Array, B: Array, alpha: float) -> Array:
+    import torch
+
+    if C.ndim == A.ndim == B.ndim == 2:
+        return torch.addmm(C, A, B, alpha=alpha)
+    # torch.broadcast_shapes is Python (15–35 µs a call): the common equal-batch case first
+    batch = A.shape[:-2] if A.shape[:-2] == B.shape[:-2] else torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    shape = (*batch, A.shape[-2], B.shape[-1])
+    if tuple(C.shape) != shape or not batch:
+        return NotImplemented
+    size = math.prod(batch)  # not -1: a dimension of size 0 would leave it ambiguous
+    A3 = A.expand(*batch, *A.shape[-2:]).reshape(size, *A.shape[-2:])
+    B3 = B.expand(*batch, *B.shape[-2:]).reshape(size, *B.shape[-2:])
+    return torch.baddbmm(C.reshape(size, *shape[-2:]), A3, B3, alpha=alpha).reshape(shape)
+
+
+def addmm(C: Array, A: Array, B: Array, xp: Namespace, *, alpha: float = 1.0) -> Array:
+    """C + α·(A @ B), with the addition inside the GEMM where the backend has one (torch).
+
+    ``C`` has the shape of the (broadcast) product; ``alpha`` is a Python float.
+    """
+    native = fast_path("addmm", xp)
+    if native is not None:
+        out = native(C, A, B, alpha)
+        if out is not NotImplemented:
+            return out
+    if alpha == 1.0:
+        return C + A @ B
+    if alpha == -1.0:
+        return C - A @ B
+    return C + alpha * (A @ B)
+
+
+# A @ B for batches of small tall products -------------------------------------------------------
+# torch's CPU bmm makes one GEMM call per matrix, and for a tall (m ≫ n) small product that call is
+# several times slower than the transposed one (Bᵀ Aᵀ, whose long dimension is the output's columns):
+# (336, 42, 7) @ (336, 7, 7) float32 takes 276 µs, (Bᵀ Aᵀ)ᵀ on strided views 84 µs, the ViT step's
+# (336, 14, 14) @ (336, 14, 7) 148 µs and 69 µs. Single 2-D products and wide or square ones gain
+# nothing (4096×128·128×128: 1.40 ms and 1.54 ms), so only batched tall small ones take this path, and
+# only on the CPU (measured there; cuBLAS takes transposed operands as flags).
+
+
+@register_fast_path("matmul", "torch")
+def _matmul_torch(A: Array, B: Array) -> Array:
+    if A.ndim < 3 or B.ndim < 2 or B.shape[-1] > 32 or A.shape[-2] < 2 * B.shape[-1] or A.device.type != "cpu":
+        return A @ B
+    return (B.mT @ A.mT).mT
+
+
+def matmul(A: Array, B: Array, xp: Namespace) -> Array:
+    """A @ B, for a batch of small tall products computed as (Bᵀ Aᵀ)ᵀ where that is faster (torch: the
+    result is a transposed view)."""
+    native = fast_path("matmul", xp)
+    return A @ B if native is None else native(A, B)
+
+
+# Consecutive pieces of a vector ---------------------------------------------------------------------
+# torch.split returns all the views in one call (the optimizers unpack a raveled group of many
+# Euclidean leaves at every step: 17 slices cost about twice as much).
+
+
+@register_fast_path("split", "torch")
+def _split_torch(x: Array, sizes: list[int]) -> list:
+    import torch
+
+    return list(torch.split(x, sizes))
+
+
+def split(x: Array, sizes: list[int], xp: Namespace) -> list:
+    """The consecutive pieces of the 1-d array ``x`` of lengths ``sizes`` (which sum to its length)."""
+    native = fast_path("split", xp)
+    if native is not None:
+        return native(x, sizes)
+    out, offset = [], 0
+    for size in sizes:
+        out.append(x[offset : offset + size])
+        offset += size
+    return out
+
+
+# The identity ---------------------------------------------------------------------------------------
+# torch.eye is one operation; array_api_compat's eye for torch is three (zeros, diagonal, fill_), and a
+# step builds a few identities.
+
+
+@register_fast_path("eye", "torch")
+def _eye_torch(n: int, m: int | None, like: Array) -> Array:
+    import torch
+
+    return torch.eye(n, n if m is None else m, dtype=like.dtype, device=like.device)
+
+
+def eye(n: int, m: int | None, like: Array, xp: Namespace) -> Array:
+    """The n×m identity with the dtype and device of ``like``."""
+    native = fast_path("eye", xp)
+    if native is not None:
+        return native(n, m, like)
+    return xp.eye(n, m, dtype=like.dtype, device=device(like))
+
+
+# a + w·(b − a) -----------------------------------------------------------------------------------
+# torch.lerp is one pass and one temporary instead of three (sub, mul, add); on a 4096×128 momentum
+# buffer the EMA and Nesterov updates of Muon take two passes instead of five. It is also the form
+# torch.optim.Muon uses (buf.lerp_(g, 1 − μ), g.lerp(buf, μ)).
+
+
+@register_fast_path("lerp", "torch")
+def _lerp_torch(a: Array, b: Array, weight: Any) -> Array:
+    import torch
+
+    if a.shape != b.shape:
+        return NotImplemented
+    return torch.lerp(a, b, weight)
+
+
+def lerp(a: Array, b: Array, weight: Any, xp: Namespace) -> Array:
+    """a + weight·(b − a) for a Python float or 0-d array ``weight`` of a's dtype (one fused pass where
+    the backend has it: torch)."""
+    native = fast_path("lerp", xp)
+    if native is not None:
+        out = native(a, b, weight)
+        if out is not NotImplemented:
+            return out
+    return a + weight * (b - a)
+
+
+# ‖X‖₁ = max_j Σᵢ |xᵢⱼ| per matrix -----------------------------------------------------------------
+# NumPy reduces a short axis slowly (one inner loop per output: 96 × 8×8 takes 18 µs); as a product
+# with a row of ones the column sums are one batched matmul (7 µs).
+
+
+@register_fast_path("norm1", "numpy")
+def _norm1_numpy(X: Array) -> Array:
+    ones = np.ones((1, X.shape[-2]), dtype=X.dtype)
+    return np.max(ones @ np.abs(X), axis=(-2, -1))
+
+
+def norm1(X: Array, xp: Namespace) -> Array:
+    """The matrix 1-norm (largest absolute column sum) of each matrix of X (..., m, k); NaN propagates."""
+    native = fast_path("norm1", xp)
+    if native is not None and X.shape[-2] > 0 and X.shape[-1] > 0:
+        return native(X)
+    return xp.max(xp.sum(xp.abs(X), axis=-2), axis=-1)
+
+
+# Householder QR (LAPACK geqrf convention: H_k = I - tau_k v_k v_kᵀ, v_k[k] = 1) ----------------
+# Each returns (V, tau, R) with V unit lower trapezoidal (..., N, n), tau (..., n), R (..., n, n).
+
+
+def _split_geqrf(a: Array, tau: Array, xp: Namespace, *, column_major: bool = True) -> tuple[Array, Array, Array]:
+    # only the top n×n block of the packed factor holds R and the reflectors' unit diagonal; the rows
+    # below are the reflectors as they are (a tril/add over all N rows cost torch 1.7 ms on 4096×128)
+    # LAPACK returns the factor column-major (torch's geqrf, NumPy's raw QR seen transposed): V is
+    # assembled transposed, so the copy reads and writes contiguous rows, and comes out as a
+    # column-major view, which the products take as it is (torch, 4096×128: 0.1 ms instead of the
+    # 1.5 ms of a row-major concatenation)
+    n = a.shape[-1]
+    top = a[..., :n, :]
+    V_top = xp.tril(top, k=-1) + xp.eye(n, dtype=a.dtype, device=_compat.device(a))
+    if a.shape[-2] <= n:
+        V = V_top
+    elif column_major:
+        mT = xp.matrix_transpose
+        V = mT(xp.concat([mT(V_top), mT(a[..., n:, :])], axis=-1))
+    else:  # XLA chooses layouts itself (the transposed assembly measured slower in a jitted step)
+        V = xp.concat([V_top, a[..., n:, :]], axis=-2)
+    return V, tau, xp.triu(top)
+
+
+_TORCH_GEQRF_OP: Any = None
+
+
+def torch_geqrf_op() -> Callable[..., Any]:
+    """``torch.geqrf`` as a custom operator with a fake (shape-only) kernel: torch 2.13's geqrf has
+    none, so without this wrapper torch.compile cannot trace an optimizer step and falls back to eager.
+    Registered on the first eager call (an optimizer's ``init`` makes one), never while tracing."""
+    global _TORCH_GEQRF_OP
+    if _TORCH_GEQRF_OP is None:
+        import torch
+
+        @torch.library.custom_op("geoarray::geqrf", mutates_args=(), schema="(Tensor A) -> (Tensor, Tensor)")
+        def geqrf(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a, tau = torch.geqrf(A)
+            return a.contiguous(), tau  # row-major, as the fake kernel promises
+
+        @geqrf.register_fake
+        def _(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            k = min(A.shape[-2], A.shape[-1])
+            return torch.empty_like(A, memory_format=torch.contiguous_format), A.new_empty((*A.shape[:-2], k))
+
+        _TORCH_GEQRF_OP = geqrf
+    return _TORCH_GEQRF_OP
+
+
+def torch_packed_qr(A: Array) -> tuple[Array, Array]:
+    """LAPACK's geqrf factor (R on and above the diagonal, reflectors below) and τ, unsplit (torch)."""
+    import torch
+
+    return torch.geqrf(A)
+
+
+def torch_apply_packed_q(a: Array, tau: Array, X: Array, transpose: bool) -> Array:
+    """Q X (or Qᵀ X) for the packed reflectors of :func:`torch_packed_qr`, by LAPACK's ormqr (torch);
+    ``a`` and ``tau`` are broadcast to X's batch shape (ormqr does not broadcast)."""
+    import torch
+
+    batch = X.shape[:-2]
+    if a.shape[:-2] != batch:
+        a = a.expand(*batch, *a.shape[-2:])
+        tau = tau.expand(*batch, tau.shape[-1])
+    return torch.ormqr(a, tau, X, left=True, transpose=transpose)
+
+
+@register_fast_path("geqrf", "torch")
+def _geqrf_torch(A: Array) -> tuple[Array, Array, Array]:
+    import torch
+
+    if is_compiling():
+        if _TORCH_GEQRF_OP is None:
+            raise RuntimeError("call the optimizer's init (or any eager step) before compiling its update")
+        a, tau = _TORCH_GEQRF_OP(A)
+    else:
+        torch_geqrf_op()  # register the traceable operator while eager
+        a, tau = torch.geqrf(A)
+    return _split_geqrf(a, tau, _compat.array_namespace(a))
+
+
+@functools.cache
+def _numpy_has_stacked_raw_qr() -> bool:
+    return np.lib.NumpyVersion(np.__version__) >= "2.0.0"  # parsed once: a regex, 10 µs per step
+
+
+@register_fast_path("geqrf", "numpy")
+def _geqrf_numpy(A: Array) -> tuple[Array, Array, Array]:
+    import numpy as np
+
+    if A.ndim > 2 and not _numpy_has_stacked_raw_qr():
+        return NotImplemented
+    h, tau = np.linalg.qr(A, mode="raw")
+    # raw mode returns the LAPACK (Fortran-order) factor transposed: swapped back it is column-major,
+    # which _split_geqrf copies row by row
+    a = np.swapaxes(h, -1, -2)
+    return _split_geqrf(a, tau, _compat.array_namespace(a))
+
+
+@register_fast_path("geqrf", "jax")
+def _geqrf_jax(A: Array) -> tuple[Array, Array, Array]:
+    # XLA's geqrf (LAPACK on CPU, cuSOLVER on GPU) through the public raw mode: the generic path unrolls
+    # one Householder step per column into the traced program, which made jit compiles of an optimizer
+    # step take tens of seconds
+    import jax.numpy as jnp
+
+    h, tau = jnp.linalg.qr(A, mode="raw")  # like NumPy: the LAPACK factor, transposed
+    return _split_geqrf(jnp.swapaxes(h, -1, -2), tau, _compat.array_namespace(A), column_major=False)

@@ -1,0 +1,326 @@
+"""Namespaces, devices and the dtype policy: which backend an array belongs to, and what it may hold.
+
+* :func:`array_namespace` resolves the namespace of the inputs (and refuses mixed namespaces with a
+  message naming both), :func:`as_namespace` turns a user-supplied module (``numpy``, ``torch``,
+  ``jax.numpy``, ``cupy``, ``array_api_strict``) into the standard-compatible namespace;
+* :func:`backend_name` and the ``is_*`` predicates name the backend of a namespace;
+* :func:`resolve_dtype` / :func:`default_float` implement the dtype policy: float64 wherever the
+  backend (and device) has it, float32 otherwise; asking for float64 where it is unavailable is an
+  error that says what to do (for JAX: enable ``jax_enable_x64``).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import array_api_compat as _compat
+import numpy as np
+
+Namespace = Any
+Array = Any
+
+_SCALARS = (bool, int, float, complex)
+
+
+# --------------------------------------------------------------------------------------------
+# Namespaces
+# --------------------------------------------------------------------------------------------
+
+
+def is_numpy(xp: Namespace) -> bool:
+    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_numpy_namespace(xp)
+
+
+def is_torch(xp: Namespace) -> bool:
+    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_torch_namespace(xp)
+
+
+def is_jax(xp: Namespace) -> bool:
+    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_jax_namespace(xp)
+
+
+def is_cupy(xp: Namespace) -> bool:
+    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_cupy_namespace(xp)
+
+
+def is_array_api_strict(xp: Namespace) -> bool:
+    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_array_api_strict_namespace(xp)
+
+
+_BACKEND_NAMES: dict[Any, str] = {}
+
+
+def backend_name(xp: Namespace) -> str:
+    """Short name of the backend of ``xp``: numpy, torch, jax, cupy, array_api_strict, or its module name."""
+    try:
+        return _BACKEND_NAMES[xp]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    name = _backend_name(xp)
+    try:
+        # memoised: every fast-path lookup asks, about 20 times per optimizer step (NumPy: 1 µs each)
+        _BACKEND_NAMES[xp] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _backend_name(xp: Namespace) -> str:
+    for name, pred in (
+        ("numpy", is_numpy),
+        ("torch", is_torch),
+        ("jax", is_jax),
+        ("cupy", is_cupy),
+        ("array_api_strict", is_array_api_strict),
+    ):
+        if pred(xp):
+            return name
+    return getattr(xp, "__name__", type(xp).__name__)
+
+
+def _describe(x: Any) -> str:
+    try:
+        return backend_name(_compat.array_namespace(x))
+    except TypeError:
+        return type(x).__module__ + "." + type(x).__qualname__
+
+
+def array_namespace(*arrays: Any, **named: Any) -> Namespace:
+    """The standard-compatible namespace shared by the inputs.
+
+    Positional and keyword arguments are arrays (``None`` and Python scalars are ignored); keyword
+    names are only used to make the error message name the offending arguments. Mixed namespaces
+    (e.g. a NumPy array and a torch tensor) raise ``TypeError`` naming each backend involved.
+    """
+    values = arrays + tuple(named.values()) if named else arrays
+    if values:
+        # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray depends on its type alone; the
+        # optimizers ask a few dozen times per step, and the general route below costs ≈ 1.5 µs per call
+        kind = type(values[0])
+        ns = _NAMESPACE_OF_TYPE.get(kind)
+        if ns is not None:
+            for a in values:
+                if type(a) is not kind and a is not None:
+                    break
+            else:
+                return ns
+    items = [(f"argument {i}", a) for i, a in enumerate(arrays)] + list(named.items())
+    items = [(k, a) for k, a in items if a is not None and not isinstance(a, _SCALARS)]
+    if not items:
+        raise TypeError("no array among the inputs: cannot tell which array namespace to use")
+    kind = type(items[0][1])
+    try:
+        ns = _compat.array_namespace(*(a for _, a in items))
+    except TypeError:
+        pass
+    else:
+        if all(type(a) is kind for _, a in items) and kind.__module__.split(".")[0] in ("torch", "numpy", "cupy"):
+            _NAMESPACE_OF_TYPE[kind] = ns
+        return ns
+    kinds = {}
+    for key, a in items:
+        kinds.setdefault(_describe(a), []).append(key)
+    if len(kinds) > 1:
+        detail = "; ".join(f"{', '.join(keys)}: {kind}" for kind, keys in kinds.items())
+        raise TypeError(
+            f"inputs come from different array libraries ({detail}); convert them to one backend (and one device) first"
+        ) from None
+    kind, keys = next(iter(kinds.items()))
+    raise TypeError(f"{', '.join(keys)} is not an array of a supported array library (got {kind})")
+
+
+def as_namespace(xp: Any) -> Namespace:
+    """The standard-compatible namespace for a user-supplied module.
+
+    ``numpy``, ``torch`` and ``cupy`` map to their ``array_api_compat`` wrappers; ``jax.numpy`` and
+    ``array_api_strict`` are returned as they are; a namespace that already declares
+    ``__array_api_version__`` is accepted unchanged.
+    """
+    if is_numpy(xp):
+        import array_api_compat.numpy as np_compat
+
+        return np_compat
+    if is_torch(xp):
+        import array_api_compat.torch as torch_compat
+
+        return torch_compat
+    if is_cupy(xp):
+        import array_api_compat.cupy as cupy_compat
+
+        return cupy_compat
+    if is_jax(xp) or is_array_api_strict(xp) or hasattr(xp, "__array_api_version__"):
+        return xp
+    if isinstance(xp, ModuleType) and xp.__name__ == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    raise TypeError(
+        "xp must be an array namespace (numpy, torch, jax.numpy, cupy, array_api_strict or any "
+        f"array-API-compatible module), got {xp!r}"
+    )
+
+
+_NAMESPACE_OF_TYPE: dict[type, Namespace] = {}
+
+
+_NDARRAY = np.ndarray
+
+
+def device(x: Array) -> Any:
+    """The device an array lives on (``array_api_compat.device``)."""
+    # what array_api_compat returns, without its 1–3 µs of dispatch (asked per leaf, per step)
+    if type(x) is _NDARRAY:
+        return "cpu"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.device
+    return _compat.device(x)
+
+
+def to_host(x: Array) -> Any:
+    """A NumPy copy of ``x`` (for saving and printing; the one sanctioned device→host transfer)."""
+    import numpy as np
+
+    if isinstance(x, np.generic):  # NumPy scalars from 0-d arithmetic
+        return np.asarray(x).copy()
+    xp = array_namespace(x=x)
+    if is_numpy(xp):
+        return np.array(x, copy=True)
+    if is_torch(xp):
+        return x.detach().cpu().numpy().copy()
+    if is_cupy(xp):
+        return x.get()
+    if is_jax(xp):
+        return np.array(x, copy=True)
+    return np.array(np.from_dlpack(x), copy=True)
+
+
+def as_array(x: Any) -> Array:
+    """``x`` as an array: NumPy's 0-d arithmetic and full reductions return NumPy scalars, which are
+    not arrays of any namespace (``np.float64(1) + 1`` is a scalar); every other backend returns arrays."""
+    if isinstance(x, _np_generic()):
+        import numpy as np
+
+        return np.asarray(x)
+    return x
+
+
+def _np_generic() -> type:
+    import numpy as np
+
+    return np.generic
+
+
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for ``numpy.float32``, ``torch.float32``, ``array_api_strict.float32``, ``jnp.bfloat16``, …"""
+    for attr in ("name", "__name__"):  # NumPy/JAX dtype objects, then scalar types such as np.float16
+        name = getattr(dtype, attr, None)
+        if isinstance(name, str):
+            return name
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def index_dtype(xp: Namespace) -> Any:
+    """The integer dtype of counters: int32 under JAX (int64 needs jax_enable_x64), int64 elsewhere."""
+    return xp.int32 if is_jax(xp) else xp.int64
+
+
+def from_host_like(host: Any, like: Array) -> Array:
+    """A copy of the NumPy array ``host`` in the namespace, dtype, device and memory layout of ``like``.
+
+    The layout matters on torch: a column-major tensor (LAPACK's QR returns one) and its row-major
+    copy go through different BLAS kernels that round differently, so a checkpoint restored in another
+    layout would not resume bit-exactly. Fresh memory also avoids the alignment of a file buffer.
+    """
+    xp = array_namespace(like=like)
+    if is_torch(xp):
+        import torch
+
+        return torch.empty_like(like).copy_(torch.from_numpy(host))
+    return xp.asarray(host, dtype=like.dtype, device=device(like), copy=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Dtype policy
+# --------------------------------------------------------------------------------------------
+
+_FLOAT_NAMES = ("float32", "float64")
+
+
+def _float_dtypes(xp: Namespace, dev: Any) -> dict[str, Any]:
+    info = xp.__array_namespace_info__()
+    try:
+        return dict(info.dtypes(device=dev, kind="real floating"))
+    except TypeError:  # an older info API without the device keyword
+        return dict(info.dtypes(kind="real floating"))
+
+
+def default_float(xp: Namespace, device: Any = None) -> Any:
+    """float64 where the backend/device supports it, else float32 (JAX without x64, MPS, ...)."""
+    xp = as_namespace(xp)
+    floats = _float_dtypes(xp, device)
+    return floats.get("float64", floats.get("float32"))
+
+
+def _float64_missing_message(xp: Namespace) -> str:
+    if is_jax(xp):
+        return (
+            "float64 was requested but JAX runs in 32-bit mode; enable it at program start with "
+            "jax.config.update('jax_enable_x64', True) or the environment variable JAX_ENABLE_X64=1"
+        )
+    return f"float64 was requested but the {backend_name(xp)} backend/device has no float64"
+
+
+def resolve_dtype(xp: Namespace, dtype: Any = None, device: Any = None, *, name: str = "dtype") -> Any:
+    """The dtype object of ``xp`` for a user dtype argument.
+
+    ``None`` gives :func:`default_float`; a name (``"float32"``, ``"float64"``) or a dtype object of
+    the namespace is checked to be a real floating dtype available on ``device``.
+    """
+    xp = as_namespace(xp)
+    if dtype is None:
+        return default_float(xp, device)
+    floats = _float_dtypes(xp, device)
+    if isinstance(dtype, str):
+        if dtype not in _FLOAT_NAMES:
+            raise TypeError(f"{name} must be 'float32' or 'float64' (or a dtype object), got {dtype!r}")
+        if dtype not in floats:
+            raise TypeError(_float64_missing_message(xp))
+        return floats[dtype]
+    for dt in floats.values():
+        if dtype == dt:
+            return dt
+    try:
+        is_float = xp.isdtype(dtype, "real floating")
+    except Exception:  # not a dtype of this namespace at all
+        is_float = False
+    if is_float and dtype == getattr(xp, "float64", None):
+        raise TypeError(_float64_missing_message(xp))
+    raise TypeError(f"{name} must be a real floating dtype of {backend_name(xp)} ({', '.join(floats)}), got {dtype!r}")
+
+
+_REAL_FLOATING: dict[tuple[Any, Any], bool] = {}
+
+
+def _is_real_floating(xp: Namespace, dtype: Any) -> bool:
+    # memoised per (namespace, dtype): NumPy's isdtype is Python (3 µs), and every manifold method
+    # checks its inputs (about 8 times per optimizer step)
+    try:
+        return _REAL_FLOATING[xp, dtype]
+    except (KeyError, TypeError):
+        pass
+    answer = bool(xp.isdtype(dtype, "real floating"))
+    try:
+        _REAL_FLOATING[xp, dtype] = answer
+    except TypeError:
+        pass
+    return answer
+
+
+def check_real_floating(x: Array, name: str, xp: Namespace | None = None) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``x`` has a real floating dtype."""
+    xp = array_namespace(x) if xp is None else xp
+    if not _is_real_floating(xp, x.dtype):
+        raise TypeError(f"{name} must have a real floating dtype (float32 or float64), got {x.dtype}")

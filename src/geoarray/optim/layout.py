@@ -1,0 +1,222 @@
+"""The layout of a parameter tree: flatten, group, pack and unpack — pure functions, no optimizer.
+
+Every optimizer of :mod:`geoarray.optim` walks a step the same way::
+
+    leaves  = flatten(params)                 # the user's tree, in optree's order
+    packed  = pack(group, leaves)  per group  # same-shaped leaves of one manifold stacked, Euclidean raveled
+    ... the optimizer's step on the packed arrays (one batched call per group) ...
+    params' = unflatten(unpack(group, packed'))
+
+:func:`make_layout` decides the groups once, in ``init``; the :class:`Layout` it returns lives in the
+optimizer's *state* (a static pytree node: no array leaves, part of the tree structure), so an
+optimizer object holds configuration only, two identically configured optimizers accept each
+other's states, and one optimizer serves any number of parameter trees.
+
+Grouping (``group_same_shape=True``): leaves with the same manifold, shape, dtype and device are
+stacked along a new leading axis (e.g. the 336 Stiefel(49, 7) projections of the paper's vision
+transformer: Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*,
+Table 2 is about this batching); Euclidean leaves of one dtype and device are raveled into one
+vector (``ravel_euclidean=True``) or, for optimizers that need their matrix shape (Muon), stacked
+by shape like manifold leaves. float16/bfloat16 leaves are packed in float32 and cast back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optree
+
+from .. import _backend
+from .._backend import array_namespace
+from ..manifolds.base import Manifold
+from ..manifolds.euclidean import Euclidean
+
+__all__ = [
+    "AS_IS",
+    "RAVELED",
+    "STACKED",
+    "Group",
+    "Layout",
+    "check_inputs",
+    "flatten_manifolds",
+    "flatten_params",
+    "half_dtype",
+    "is_manifold_leaf",
+    "leaf_path",
+    "make_layout",
+    "pack",
+    "unpack",
+]
+
+Array = Any
+
+#: how a group's leaves become one array: the single leaf as it is, stacked on a new leading axis,
+#: or raveled and concatenated (Euclidean leaves)
+AS_IS, STACKED, RAVELED = "as_is", "stacked", "raveled"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Parameter leaves updated by one (batched) call: ``indices`` into the flattened tree, how they are
+    packed, their manifold and section strategy, and ``dtype`` for float16/bfloat16 leaves (packed in
+    float32 and cast back; None otherwise)."""
+
+    manifold: Manifold
+    indices: tuple[int, ...]
+    packing: str  # AS_IS, STACKED or RAVELED
+    section: str = "householder"  # the section strategy ("householder" for Euclidean groups)
+    dtype: Any = None
+
+    @property
+    def upcast(self) -> bool:
+        return self.dtype is not None
+
+
+@_backend.register_static_node
+@dataclass(frozen=True)
+class Layout:
+    """What ``init`` learnt about a parameter tree: its structure, leaf paths and shapes, and the groups.
+
+    A static pytree node (no array leaves): it travels inside the optimizer state through
+    ``jax.jit``, ``optree`` and ``torch.utils._pytree`` unchanged, and two layouts are equal when
+    they describe the same tree.
+    """
+
+    treedef: Any
+    paths: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    groups: tuple[Group, ...]
+
+
+def leaf_path(path: tuple, root: str = "params") -> str:
+    """``('blocks', 0, 'W')`` → ``"params['blocks'][0]['W']"``: how error messages name a leaf."""
+    return root + "".join(f"[{p!r}]" for p in path)
+
+
+def is_manifold_leaf(x: Any) -> bool:
+    """A leaf of a ``manifolds`` tree: a Manifold, or None for a Euclidean parameter."""
+    return x is None or isinstance(x, Manifold)
+
+
+def half_dtype(x: Array) -> Any:
+    """The dtype of a float16/bfloat16 leaf (computed in float32 by the optimizers), else None."""
+    return x.dtype if _backend.dtype_name(x.dtype) in ("float16", "bfloat16") else None
+
+
+def flatten_params(params: Any, name: str = "params") -> tuple[list, Any, list[str]]:
+    """The leaves of ``params``, its tree structure and the leaves' paths (:func:`leaf_path`)."""
+    raw, leaves, treedef = optree.tree_flatten_with_path(params)
+    if not leaves:
+        raise ValueError(f"{name} has no array leaves")
+    return leaves, treedef, [leaf_path(p, name) for p in raw]
+
+
+def flatten_manifolds(manifolds: Any, params: Any, n_leaves: int) -> list[Manifold]:
+    """One Manifold per leaf of ``params`` (``Euclidean()`` for None); ``manifolds=None``: all Euclidean."""
+    if manifolds is None:
+        return [Euclidean()] * n_leaves
+    mans, mdef = optree.tree_flatten(manifolds, is_leaf=is_manifold_leaf, none_is_leaf=True)
+    treedef = optree.tree_structure(params, none_is_leaf=True)
+    if mdef != treedef:
+        raise ValueError(
+            f"manifolds must have the tree structure of params (a Manifold or None per leaf): params {treedef}, "
+            f"manifolds {mdef}"
+        )
+    for m in mans:
+        if not is_manifold_leaf(m):
+            raise TypeError(f"manifolds leaves must be Manifold instances or None, got {type(m).__name__}")
+    return [Euclidean() if m is None else m for m in mans]
+
+
+def make_layout(
+    leaves: list,
+    treedef: Any,
+    paths: list[str],
+    mans: list[Manifold],
+    *,
+    strategies: list[str] | None = None,
+    group_same_shape: bool = True,
+    ravel_euclidean: bool = True,
+    upcast_half: bool = True,
+) -> Layout:
+    """Group the leaves (module docstring). ``strategies``: the section strategy per leaf (default
+    Householder); leaves of different strategies never share a group. ``upcast_half=False`` packs
+    float16/bfloat16 leaves in their own dtype (Muon's Newton–Schulz chooses its own precision)."""
+    strategies = ["householder"] * len(leaves) if strategies is None else strategies
+    buckets: dict[tuple, list[int]] = {}
+    for i, (leaf, m, s) in enumerate(zip(leaves, mans, strategies, strict=True)):
+        if not group_same_shape:
+            key: tuple = (i,)
+        else:
+            where = (str(leaf.dtype), str(_backend.device(leaf)))
+            if isinstance(m, Euclidean) and ravel_euclidean:
+                key = (RAVELED, *where)
+            else:
+                key = (STACKED, m, tuple(leaf.shape), s, *where)
+        buckets.setdefault(key, []).append(i)
+    groups = []
+    for key, idx in buckets.items():
+        first = idx[0]
+        manifold = mans[first] if key[0] != RAVELED else Euclidean()
+        packing = AS_IS if len(idx) == 1 else key[0]
+        dtype = half_dtype(leaves[first]) if upcast_half else None
+        groups.append(Group(manifold, tuple(idx), packing, strategies[first], dtype))
+    return Layout(treedef, tuple(paths), tuple(tuple(x.shape) for x in leaves), tuple(groups))
+
+
+def pack(group: Group, leaves: list, xp: Any) -> Array:
+    """The group's leaves as one array (float32 for half-precision groups)."""
+    if group.packing == AS_IS:
+        packed = leaves[group.indices[0]]
+    elif group.packing == STACKED:
+        packed = xp.stack([leaves[i] for i in group.indices], axis=0)
+    else:
+        packed = xp.concat([xp.reshape(leaves[i], (-1,)) for i in group.indices], axis=0)
+    return xp.astype(packed, xp.float32) if group.upcast else packed
+
+
+def unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> None:
+    """Write the group's leaves, taken from ``packed``, into their places in ``out``."""
+    if group.upcast:
+        packed = xp.astype(packed, group.dtype)
+    if group.packing == AS_IS:
+        out[group.indices[0]] = packed
+    elif group.packing == STACKED:
+        for i, leaf in zip(group.indices, xp.unstack(packed, axis=0), strict=True):
+            out[i] = leaf
+    else:
+        parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
+        for i, part in zip(group.indices, parts, strict=True):
+            out[i] = xp.reshape(part, shapes[i])
+
+
+def check_inputs(layout: Layout, params: Any, grads: Any) -> tuple[list, list, Any]:
+    """Tree structure, shapes, dtypes and devices of ``params`` and ``grads`` against ``layout``;
+    returns their leaves and namespace. Raises ``ValueError``/``TypeError`` naming the leaf."""
+    leaves, treedef = optree.tree_flatten(params)
+    if not leaves:
+        raise ValueError("params has no array leaves")
+    # torch.compile's optree polyfill cannot compare tree specs; its guards re-trace on a new structure
+    if not _backend.is_compiling() and treedef != layout.treedef:
+        raise ValueError(
+            f"params has tree structure {treedef}, but the optimizer state was initialised for {layout.treedef}; "
+            "call opt.init(params, manifolds) for a new tree"
+        )
+    gleaves, gdef = optree.tree_flatten(grads)
+    if not _backend.is_compiling() and gdef != treedef:
+        raise ValueError(f"grads must have the tree structure of params {treedef}, got {gdef}")
+    xp = array_namespace(*leaves, *gleaves)
+    for p, g, path, shape in zip(leaves, gleaves, layout.paths, layout.shapes, strict=True):
+        if tuple(p.shape) != shape:
+            raise ValueError(f"{path} has shape {tuple(p.shape)}, but the optimizer state was initialised with {shape}")
+        if tuple(g.shape) != tuple(p.shape):
+            raise ValueError(f"grad of {path} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
+        if g.dtype != p.dtype:
+            raise TypeError(
+                f"grad of {path} has dtype {_backend.dtype_name(g.dtype)}, the parameter {_backend.dtype_name(p.dtype)}"
+            )
+        if _backend.device(g) != _backend.device(p):
+            raise ValueError(f"grad of {path} is on device {_backend.device(g)}, the parameter on {_backend.device(p)}")
+    return leaves, gleaves, xp
