@@ -43,7 +43,8 @@ import torch
 from .. import optim as _optim
 from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
-from .optim import _OPTIONS, _Method, _options
+from .methods import _Method, _options
+from .optim import _OPTIONS
 
 __all__ = ["SGD", "Adam", "AdamW"]
 

@@ -1,0 +1,263 @@
+"""geoarray.torch's convenience optimizers on the paper's methods: ``Gradient``, ``Momentum``,
+``PaperAdam``, ``AdamWithDecay`` (Brantner, *Generalizing Adam to Manifolds for Efficiently Training
+Transformers*, eqs. 5–8) and ``ManifoldMuon``/``Muon``, as ``torch.optim.Optimizer`` subclasses of
+:class:`geoarray.torch.Optimizer` whose cores are built from each param group's hyperparameters.
+torch's own conventions (``Adam``, ``AdamW``, ``SGD``) are in :mod:`geoarray.torch.conventions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .. import optim as _optim
+from ..optim.riemannian import RiemannianOptimizer
+from .optim import _BOOKKEEPING, _OPTIONS, Optimizer, _LiveLR, _scaled
+
+__all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]
+
+
+def _options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
+    return {
+        "section": section,
+        "retraction": retraction,
+        "on_nonfinite": on_nonfinite,
+        "group_same_shape": group_same_shape,
+        "seed": seed,
+    }
+
+
+class _Method(Optimizer):
+    """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``.
+
+    The keys in ``_LIVE`` are read from the group at every step (no new core when a scheduler changes
+    them); a change of any other key builds a new core that keeps the state."""
+
+    _OWN_CORES = True
+    _LIVE: tuple[str, ...] = ("lr",)
+
+    def __init__(self, params: Iterable[Any], defaults: dict):
+        super().__init__(params, self._core_for, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        raise NotImplementedError
+
+    def _live_keys(self) -> tuple[str, ...]:
+        return self._LIVE
+
+    def _live(self, group: dict, key: str = "lr", index: int | None = None) -> Any:
+        """``group[key]`` (or ``group[key][index]``) as a function read at every step; while a group is
+        being added it has no index yet, and its constant value builds the probe core."""
+        for gi, g in enumerate(self.param_groups):
+            if g is group:
+                return _LiveLR(self, gi, key, index)
+        value = group[key] if index is None else group[key][index]
+        return value.item() if isinstance(value, torch.Tensor) else float(value)
+
+    def _lr(self, group: dict) -> Any:
+        return self._live(group, "lr")
+
+    @staticmethod
+    def _opts(group: dict) -> dict:
+        return {k: group[k] for k in _OPTIONS}
+
+
+class Gradient(_Method):
+    """Riemannian gradient descent, W = −η B (:class:`geoarray.optim.Gradient`), as a ``torch.optim.Optimizer``.
+
+    Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed`` are those of
+    :class:`geoarray.optim.RiemannianOptimizer` and may differ per param group.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {"lr": lr, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        return _optim.Gradient(self._lr(group), **self._opts(group))
+
+
+class Momentum(_Method):
+    """Momentum, B_cache ← α B_cache + B, W = −η B_cache (eq. 8; :class:`geoarray.optim.Momentum`)."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        alpha: float = 0.5,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {"lr": lr, "alpha": alpha, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
+
+
+class PaperAdam(_Method):
+    """Adam on g^hor exactly as Brantner's paper writes it (eqs. 5–6; :class:`geoarray.optim.Adam`)
+    as a ``torch.optim.Optimizer``: the paper's variant of :class:`geoarray.torch.Adam`.
+
+    ``betas = (β₁, β₂)`` as in ``torch.optim.Adam``; ``delta`` sits inside the square root as eq. 6
+    prints it, ``eps`` outside as in torch (W = −η B₁ / (√(B₂ + δ) + ε)). Defaults are the paper's
+    Table 1 (β = (0.9, 0.99), δ = 3·10⁻⁷, ε = 0), chosen by the core's multi-seed measurements (see
+    :class:`geoarray.optim.Adam`). Until this release ``geoarray.torch.Adam`` was this class; it now
+    takes ``torch.optim.Adam``'s arguments and defaults, and ``PaperAdam(params, lr)`` is the old
+    ``Adam(params, lr)`` unchanged. Changing ``betas``/``delta``/``eps`` in a group builds a new core
+    (:class:`geoarray.torch.Adam` reads them at every step).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.99),
+        delta: float = 3e-7,
+        eps: float = 0.0,
+        *,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "delta": delta,
+            "eps": eps,
+            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+        }
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        return _optim.Adam(self._lr(group), betas[0], betas[1], group["delta"], eps=group["eps"], **self._opts(group))
+
+
+#: the name of the paper's variant before ``geoarray.torch.Adam`` took torch's conventions
+BrantnerAdam = PaperAdam
+
+
+class AdamWithDecay(_Method):
+    """Adam with a learning rate decaying geometrically from ``lr_start`` to ``lr_end``
+    (:class:`geoarray.optim.AdamWithDecay`): give ``n_steps``, or ``n_epochs`` with ``steps_per_epoch``.
+
+    The decay is part of the optimizer state (its step counter). Param groups carry ``lr``, which
+    starts at ``lr_start`` and scales the whole curve: η_t = decay(t)·lr/lr_start, so a torch LR
+    scheduler (which edits ``lr``) multiplies the decayed rate.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        n_steps: int | None = None,
+        lr_start: float = 1e-2,
+        lr_end: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.99),
+        delta: float = 3e-7,
+        *,
+        n_epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+    ):
+        defaults = {
+            "lr": lr_start,
+            "n_steps": n_steps,
+            "lr_start": lr_start,
+            "lr_end": lr_end,
+            "betas": tuple(betas),
+            "delta": delta,
+            "n_epochs": n_epochs,
+            "steps_per_epoch": steps_per_epoch,
+            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+        }
+        super().__init__(params, defaults)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        b1, b2 = group["betas"]
+        core = _optim.AdamWithDecay(
+            group["n_steps"],
+            group["lr_start"],
+            group["lr_end"],
+            b1,
+            b2,
+            group["delta"],
+            n_epochs=group["n_epochs"],
+            steps_per_epoch=group["steps_per_epoch"],
+            **self._opts(group),
+        )
+        factor = self._live(group, "lr")
+        if callable(factor):
+            factor._reference = float(group["lr_start"])
+            core.transform = _scaled(core.transform, factor)
+        return core
+
+
+class ManifoldMuon(_Method):
+    """:class:`geoarray.optim.ManifoldMuon` as a ``torch.optim.Optimizer``: manifold Muon on
+    ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
+
+    Every argument is a param-group hyperparameter (``lr``, ``momentum``, ``nesterov``,
+    ``weight_decay``, …, as in ``torch.optim.Muon``), so torch's LR schedulers work; a change builds a
+    new core for the group, keeping its state (the rate enters the core's compressed retraction). Vectors
+    and scalars are refused with a pointer to a second optimizer: give them ``geoarray.torch.Adam``.
+    """
+
+    _LIVE = ()
+    _CORE = _optim.ManifoldMuon
+
+    def __init__(self, params: Iterable[Any], lr: float = 5e-3, **kwargs: Any):
+        import inspect
+
+        signature = inspect.signature(self._CORE.__init__)
+        defaults = {
+            name: par.default
+            for name, par in signature.parameters.items()
+            if name not in ("self", "lr") and par.default is not inspect.Parameter.empty
+        }
+        unknown = sorted(set(kwargs) - set(defaults))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
+            )
+        self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
+        super().__init__(params, {"lr": lr, **defaults, **kwargs})
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        kwargs = {k: v for k, v in group.items() if k not in _BOOKKEEPING and k != "lr"}
+        lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+        return self._CORE(lr, **kwargs)
+
+
+class Muon(ManifoldMuon):
+    """:class:`geoarray.optim.Muon` — ``torch.optim.Muon``'s algorithm through the array-API core — as a
+    ``torch.optim.Optimizer``, for plain matrix tensors (see :class:`ManifoldMuon` for the limits)."""
+
+    _CORE = _optim.Muon
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, **kwargs: Any):
+        super().__init__(params, lr, **kwargs)
