@@ -95,7 +95,7 @@ class _TorchStyle(_Method):
     def _hyper_key(self, group: dict) -> tuple:
         self._check_live(group, next((i for i, g in enumerate(self.param_groups) if g is group), "new"))
         key = super()._hyper_key(group)
-        return key + tuple((k, group[k] != 0) for k in self._ZERO_MATTERS if k in group)
+        return key + tuple((k, bool(group[k] != 0)) for k in self._ZERO_MATTERS if k in group)
 
     def _group_options(self, group: dict) -> dict:
         opts = {k: group[k] for k in _OPTIONS}
@@ -105,7 +105,7 @@ class _TorchStyle(_Method):
 
     def _value(self, group: dict, key: str, index: int | None = None) -> Any:
         """The live reader of a hyperparameter, or the number 0 where it is zero (no decay, no buffer)."""
-        if index is None and group[key] == 0:
+        if index is None and bool(group[key] == 0):
             return 0.0
         return self._live(group, key, index)
 
