@@ -199,3 +199,23 @@ def test_the_scheduler_benchmark_runs(torch, gt):
         torch.set_num_threads(threads)
     for name in ("Adam", "PaperAdam"):
         assert all(math.isfinite(out[name][k]) and out[name][k] > 0 for k in ("plain_ms", "onecycle_ms", "ratio"))
+
+
+def test_a_checkpoint_whose_groups_lack_lr_loads_and_schedules(torch, gt, device):
+    """AdamWithDecay's groups carried no lr before: such a state_dict loads, the group gets the default,
+    and a scheduler works on the loaded optimizer."""
+    params = _plain(torch, device)
+    opt = gt.AdamWithDecay(params, n_steps=10, lr_start=1e-2, lr_end=1e-3)
+    _grads(torch, params, 0)
+    opt.step()
+    saved = opt.state_dict()
+    for g in saved["param_groups"]:
+        del g["lr"]
+    fresh = gt.AdamWithDecay(params, n_steps=10, lr_start=1e-2, lr_end=1e-3)
+    fresh.load_state_dict(saved)
+    assert fresh.param_groups[0]["lr"] == 1e-2
+    sched = torch.optim.lr_scheduler.StepLR(fresh, 1, gamma=0.5)
+    _grads(torch, params, 1)
+    fresh.step()
+    sched.step()
+    assert fresh.param_groups[0]["lr"] == 5e-3

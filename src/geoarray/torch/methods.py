@@ -248,7 +248,7 @@ class ManifoldMuon(_Method):
         super().__init__(params, {"lr": lr, **defaults, **kwargs})
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
-        kwargs = {k: v for k, v in group.items() if k not in _BOOKKEEPING and k != "lr"}
+        kwargs = {k: v for k, v in group.items() if k not in _BOOKKEEPING and k != "lr" and k in self._known}
         lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
         return self._CORE(lr, **kwargs)
 

@@ -546,6 +546,12 @@ class Optimizer(torch.optim.Optimizer):
                 )
         old = (self.param_groups, self.state, self._cohorts)
         super().load_state_dict(saved)
+        for group in self.param_groups:
+            # a checkpoint from before a key existed (AdamWithDecay's groups had no lr): the default
+            # (only the optimizer's own keys: torch's __setstate__ adds "differentiable" to defaults)
+            for k, v in self.defaults.items():
+                if self._known is None or k in self._known:
+                    group.setdefault(k, v)
         try:
             self._cohorts = [self._load_group(gi, entries) for gi, entries in enumerate(groups)]
         except BaseException:
