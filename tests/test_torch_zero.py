@@ -13,11 +13,11 @@ and each rank's optimizer holds state for a strict subset of the parameters (the
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
+
+from _distributed import run_ranks
 
 N_STEPS = 4
 WORLD = 2
@@ -37,12 +37,6 @@ OPTIMIZERS = {
 def _torch_only(backend):
     if backend.kind != "torch":
         pytest.skip("geoarray.torch needs torch tensors")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model():
@@ -112,21 +106,11 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
 
 def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
     import torch
-    import torch.multiprocessing as mp
 
     import geoarray
     import geoarray.torch as gt
 
-    ctx = mp.start_processes(
-        _zero_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + TIMEOUT
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the ZeRO run did not finish within {TIMEOUT:.0f} s")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    ranks = run_ranks(_zero_worker, tmp_path, WORLD, TIMEOUT, "ZeRO")
     x, y = _batch()
     n_params = len(list(_model().parameters()))
     for name, kwargs in OPTIMIZERS.items():
