@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 
 from _helpers import assert_close, to_numpy
 from geoarray.models import TransformerLM, as_config, from_hf_state_dict, load_checkpoint, save_checkpoint
-from geoarray.models.language import _hf_config, erf, to_hf_state_dict
+from geoarray.models.language import erf, to_hf_config, to_hf_state_dict
 
 TINY = dict(n_layers=2, n_heads=2, d_head=4, d_model=7, d_ff=9, vocab=11, n_ctx=6)
 CONFIGS = {
@@ -267,7 +267,7 @@ def test_bare_hf_checkpoint_with_config_json(name, xp, device, tmp_path):
             if k.startswith("bert.embeddings.LayerNorm."):
                 sd[k.replace(".weight", ".gamma").replace(".bias", ".beta")] = sd.pop(k)
     save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps(_hf_config(model.config)))
+    (tmp_path / "config.json").write_text(json.dumps(to_hf_config(model.config)))
     model2, params2 = load_checkpoint(tmp_path, xp=xp, device=device)
     assert model2.config == model.config
     tok, types = _tokens(xp, device, cfg)

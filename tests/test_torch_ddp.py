@@ -7,11 +7,11 @@ function of the all-reduced gradients), equal to a single-process run on the con
 
 from __future__ import annotations
 
-import socket
-import time
 from datetime import timedelta
 
 import pytest
+
+from _distributed import run_ranks
 
 N_STEPS = 5
 WORLD = 2
@@ -24,12 +24,6 @@ TIMEOUT = 180.0
 def _torch_only(backend):
     if backend.kind != "torch":
         pytest.skip("geoarray.torch needs torch tensors")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model():
@@ -81,20 +75,10 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
 
 def test_ddp_ranks_agree_bitwise_and_equal_the_single_process_run(tmp_path):
     import torch
-    import torch.multiprocessing as mp
 
     import geoarray
 
-    ctx = mp.start_processes(
-        _ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + TIMEOUT
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the DDP run did not finish within {TIMEOUT:.0f} s")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    ranks = run_ranks(_ddp_worker, tmp_path, WORLD, TIMEOUT, "DDP")
 
     model = _model()
     x, y = _batch()

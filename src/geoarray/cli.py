@@ -29,16 +29,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _optional_module(name: str) -> Any:
-    """A command module, or None while the command family is not part of this build."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None
-        raise
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="geoarray",
@@ -62,13 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_sub = train.add_subparsers(title="models", metavar="MODEL", parser_class=_Parser)
     train.set_defaults(func=lambda args: _missing_subcommand(train, train_sub))
     vit.add_train_parser(train_sub)
-    dynamics = _optional_module("geoarray.commands.dynamics")
-    if dynamics is not None:
-        dynamics.add_train_parsers(train_sub)
-
-    gauge = _optional_module("geoarray.commands.gauge")
-    if gauge is not None:
-        gauge.add_parser(sub)
+    importlib.import_module("geoarray.commands.dynamics").add_train_parsers(train_sub)
+    importlib.import_module("geoarray.commands.gauge").add_parser(sub)
     return parser
 
 

@@ -114,15 +114,6 @@ class Redundancy:
     def fraction(self) -> float:
         return self.total / self.n_params
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "total": self.total,
-            "breakdown": dict(self.breakdown),
-            "n_params": self.n_params,
-            "paper": self.paper,
-            "fraction": self.fraction,
-        }
-
 
 def redundancy(config: Any) -> Redundancy:
     """The exact number of continuous symmetries (Jacobian nullity at a generic point) of the model.

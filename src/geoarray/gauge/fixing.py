@@ -42,7 +42,6 @@ difference).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -386,15 +385,3 @@ def gauge_fix(model: Any, params: Mapping[str, Array]) -> tuple[GaugeFixedLM, di
     canon, signs = canonicalize(model, params)
     fixed = GaugeFixedLM(model.config, signs)
     return fixed, fixed.reduce(canon)
-
-
-def _max_fixed_deviation(fixed: GaugeFixedLM, canon: Mapping[str, Array]) -> float:
-    """Largest |entry − fixed value| over the fixed entries of a canonical point (diagnostic)."""
-    worst = 0.0
-    for k, m in fixed.free.items():
-        if m.all():
-            continue
-        v = to_host(canon[k])
-        dev = np.abs(v[~m] - fixed.fixed[k][~m])
-        worst = max(worst, float(dev.max()) if dev.size else 0.0)
-    return worst if math.isfinite(worst) else float("inf")

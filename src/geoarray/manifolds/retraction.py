@@ -112,8 +112,6 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     All routes are accurate to unit roundoff, so the results agree to rounding.
     """
     rules = _phi1_rules(X, xp)
-    if _backend.is_traced(bound) and not _backend.is_jax(xp):
-        return _phi1_scaled(X, bound, xp, max_doublings)
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
     branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
     # the top rule's Taylor polynomial alone is the scaled route with no doubling; traced, it is left

@@ -154,12 +154,8 @@ def _dual_descent(K: Array, C: Array, P: Array, *, xp: Any, n_iter: int, step: f
         H, sig2 = _inv_sqrt_gram(S, C, xp)
         return _dual_gradient_step(S, P, H, sig2, step, xp)[1]
 
-    if _backend.is_jax(xp):
-        # one compiled loop body instead of n_iter inlined copies
-        return _backend.fori_loop(body, P, xp.asarray(n_iter), n_iter, xp)
-    for k in range(n_iter):  # a Python int: no host read of an array
-        P = body(k, P)
-    return P
+    # a Python int trip count: no host read; on JAX one compiled loop body instead of n_iter copies
+    return _backend.static_loop(body, P, n_iter, xp)
 
 
 def _direction_blocks(K: Array, C: Array, P: Array, step: float, xp: Any) -> tuple[Array, Array, Array, Array]:

@@ -43,6 +43,7 @@ __all__ = [
     "flatten_manifolds",
     "flatten_params",
     "half_dtype",
+    "inputs",
     "is_manifold_leaf",
     "leaf_path",
     "make_layout",
@@ -190,6 +191,15 @@ def unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> No
         parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
         for i, part in zip(group.indices, parts, strict=True):
             out[i] = xp.reshape(part, shapes[i])
+
+
+def inputs(layout: Layout, params: Any, grads: Any, *, check: bool = True) -> tuple[list, list, Any]:
+    """The leaves of ``params`` and ``grads`` and their namespace, checked against ``layout`` unless
+    ``check=False`` (the caller checked them already)."""
+    if check:
+        return check_inputs(layout, params, grads)
+    leaves = optree.tree_leaves(params)
+    return leaves, optree.tree_leaves(grads), array_namespace(*leaves)
 
 
 def check_inputs(layout: Layout, params: Any, grads: Any) -> tuple[list, list, Any]:

@@ -170,11 +170,7 @@ class ManifoldMuon:
         if not isinstance(state, ManifoldMuonState):
             raise TypeError(f"state must be the ManifoldMuonState returned by init, got {type(state).__name__}")
         layout = state.layout
-        if check:
-            leaves, gleaves, xp = _layout.check_inputs(layout, params, grads)
-        else:
-            leaves, gleaves = optree.tree_leaves(params), optree.tree_leaves(grads)
-            xp = array_namespace(*leaves)
+        leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
         mu = self.momentum
         new_leaves: list = [None] * len(leaves)
         buffers, duals, e_points, e_grads, e_groups = [], [], [], [], []

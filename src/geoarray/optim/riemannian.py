@@ -314,11 +314,7 @@ class RiemannianOptimizer:
                 f"state must be the RiemannianState returned by opt.init(params, manifolds), got {type(state).__name__}"
             )
         layout = state.layout
-        if check:
-            leaves, gleaves, xp = _layout.check_inputs(layout, params, grads)
-        else:
-            leaves, gleaves = optree.tree_leaves(params), optree.tree_leaves(grads)
-            xp = array_namespace(*leaves)
+        leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
         new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
         # made inside the traced call can rebuild the tree, one carried by the state cannot

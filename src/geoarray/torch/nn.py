@@ -161,16 +161,10 @@ del _name, _cls
 
 
 def __getattr__(name: str) -> Any:
-    """Wrappers of ``geoarray.models`` classes, created on first access (that module may not exist yet)."""
+    """Wrappers of ``geoarray.models`` classes, created on first access (models import more than layers)."""
     if name.startswith("_"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        models = importlib.import_module("geoarray.models")
-    except ModuleNotFoundError as exc:
-        if exc.name != "geoarray.models":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    cls = getattr(models, name, None)
+    cls = getattr(importlib.import_module("geoarray.models"), name, None)
     if cls is None or not inspect.isclass(cls) or not all(callable(getattr(cls, m, None)) for m in ("init", "apply")):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     wrapped = globals()[name] = wrapper(cls)

@@ -1,0 +1,126 @@
+"""ZeRO-1 with geoarray.torch: ``torch.distributed.optim.ZeroRedundancyOptimizer`` shards the optimizer state.
+
+2 CPU processes (gloo), DistributedDataParallel over a model with a Stiefel weight and plain matrices,
+``ZeroRedundancyOptimizer(model.parameters(), optimizer_class=C, ...)`` for every geoarray.torch
+optimizer class C. Each rank builds C over its own shard of the parameters (so each rank holds the
+state of its parameters only) and broadcasts the updated parameters to the other ranks.
+
+Properties: after N steps both ranks hold bit-identical parameters (the same broadcast values), equal
+to a single-process run of C on the full batch to 1e-12 (float64: the gradients are all-reduced sums,
+which round differently from the single-process ones), the Stiefel weight is a point of the manifold,
+and each rank's optimizer holds state for a strict subset of the parameters (the sharding happened).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from _distributed import run_ranks
+
+N_STEPS = 4
+WORLD = 2
+# seconds for the whole spawned run (imports of torch and torch.distributed dominate in the children)
+TIMEOUT = 240.0
+
+# optimizer class name in geoarray.torch → constructor keywords
+OPTIMIZERS = {
+    "Adam": {"lr": 0.05},
+    "Momentum": {"lr": 0.05},
+    "Gradient": {"lr": 0.05},
+    "ManifoldMuon": {"lr": 0.02},
+}
+
+
+@pytest.fixture(autouse=True)
+def _torch_only(backend):
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+
+
+def _model():
+    """A Stiefel(6, 3) weight and two plain matrices (ManifoldMuon takes matrices only: no biases)."""
+    import torch
+
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            M = ga.Stiefel(6, 3)
+            self.Y = gt.ManifoldParameter(M.random(11, xp=torch, dtype=torch.float64), M)
+            g = torch.Generator().manual_seed(12)
+            self.A = torch.nn.Parameter(torch.randn(6, 4, generator=g, dtype=torch.float64))
+            self.B = torch.nn.Parameter(torch.randn(4, 2, generator=g, dtype=torch.float64))
+
+        def forward(self, x):
+            return torch.tanh(x @ self.Y.T @ self.A) @ self.B
+
+    return Net()
+
+
+def _batch():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 3, generator=g, dtype=torch.float64), torch.randn(8, 2, generator=g, dtype=torch.float64)
+
+
+def _train(opt, step_module, x, y) -> None:
+    for _ in range(N_STEPS):
+        loss = (step_module(x) - y).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _zero_worker(rank: int, port: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    import geoarray.torch as gt
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    try:
+        x, y = _batch()
+        shard = slice(rank * 4, (rank + 1) * 4)
+        out = {}
+        for name, kwargs in OPTIMIZERS.items():
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(gt, name), **kwargs)
+            _train(opt, DistributedDataParallel(model), x[shard], y[shard])
+            local = opt.optim  # this rank's geoarray optimizer over its shard of the parameters
+            n_local = sum(len(group["params"]) for group in local.param_groups)
+            out[name] = ({k: v.detach().clone() for k, v in model.state_dict().items()}, n_local)
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
+    import torch
+
+    import geoarray
+    import geoarray.torch as gt
+
+    ranks = run_ranks(_zero_worker, tmp_path, WORLD, TIMEOUT, "ZeRO")
+    x, y = _batch()
+    n_params = len(list(_model().parameters()))
+    for name, kwargs in OPTIMIZERS.items():
+        model = _model()
+        _train(getattr(gt, name)(model.parameters(), **kwargs), model, x, y)
+        single = {k: v.detach() for k, v in model.state_dict().items()}
+        (p0, n0), (p1, n1) = ranks[0][name], ranks[1][name]
+        assert n0 + n1 == n_params and 0 < n0 < n_params, f"{name}: the optimizer state was not sharded"
+        for k in single:
+            assert torch.equal(p0[k], p1[k]), f"{name}: {k} differs between ranks"
+            torch.testing.assert_close(p0[k], single[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
+            assert not torch.equal(p0[k], _model().state_dict()[k]), f"{name}: {k} did not train"
+        assert geoarray.Stiefel(6, 3).is_point(p0["Y"])
