@@ -43,7 +43,8 @@ What it does as a ``torch.optim.Optimizer``:
   Shapes and dtypes are checked when the parameters are added; that the weights lie on their
   manifold when their state is created (one host read per weight, at their first step — not after
   ``load_state_dict``, since trained float32 weights drift off by ~1e-4 in 10⁴ steps, the size of
-  ``is_point``'s tolerance). A weight moved off its manifold later, by the user, is not detected.
+  ``is_point``'s tolerance); the refusal gives the measured error, the tolerance and the fix
+  (``geoarray.torch.project_``). A weight moved off its manifold later, by the user, is not detected.
 
 Distributed use is described in :mod:`geoarray.torch`.
 """
