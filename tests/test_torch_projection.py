@@ -120,16 +120,16 @@ def test_orthogonal_refuses_what_it_cannot_constrain(torch, gt):
 
 
 # geoopt's tests/test_adam.py::test_adam_stiefel and tests/test_rsgd.py::test_rsgd_stiefel, ported: the
-# classes swapped (geoopt.ManifoldParameter → gt.ManifoldParameter, which projects like proj_();
-# RiemannianAdam/RiemannianSGD → gt.Adam/gt.SGD), the manifold given its shape, geoopt's stabilize=
-# dropped (the retraction keeps the weight on the manifold), the step budget cut for CI.
+# classes swapped (geoopt.ManifoldParameter → gt.ManifoldParameter, geoopt.Stiefel() → Stiefel(20, 10),
+# which needs its shape; RiemannianAdam/RiemannianSGD → gt.Adam/gt.SGD, which take geoopt's stabilize=),
+# the step budget cut for CI.
 @pytest.mark.parametrize(
     ("cls", "params"),
     [
-        ("Adam", {"lr": 1e-2}),
+        ("Adam", {"lr": 1e-2, "stabilize": 4500}),
         ("Adam", {"lr": 1e-2, "amsgrad": True}),
         ("Adam", {"lr": 1e-2, "weight_decay": 0.1}),
-        ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True}),
+        ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True, "stabilize": 10}),
         ("SGD", {"lr": 1e-2, "momentum": 0.9, "dampening": 0.1}),
     ],
     ids=str,
@@ -137,7 +137,9 @@ def test_orthogonal_refuses_what_it_cannot_constrain(torch, gt):
 def test_geoopt_stiefel_optimizer_tests_ported(torch, gt, device, cls, params):
     torch.manual_seed(42)
     with torch.no_grad():
-        X = gt.ManifoldParameter(torch.randn(20, 10, dtype=torch.float64, device=device), Stiefel(20, 10))
+        X = gt.ManifoldParameter(
+            torch.randn(20, 10, dtype=torch.float64, device=device), manifold=Stiefel(20, 10)
+        ).proj_()
     Q = torch.linalg.qr(torch.randn(20, 10, dtype=torch.float64, device=device))[0]
     optim = getattr(gt, cls)([X], **params)
 
@@ -171,3 +173,26 @@ def test_the_learning_rate_transfer_example_runs(torch, gt):
     by_rate = {(r["library"], round(r["lr"], 4)): r for r in rows}
     assert by_rate[("geoopt", 1.0)]["failed"] == 0 and by_rate[("geoarray", 0.083)]["failed"] == 0
     assert by_rate[("geoarray", 1.0)]["failed"] == 1  # geoopt's rate is too large for a per-coordinate moment
+
+
+def test_stabilize_projects_every_k_steps(torch, gt, device, monkeypatch):
+    """geoopt's stabilize=k: after every k-th step of a group its ManifoldParameters are projected
+    (geoarray.torch.project_), after the others not."""
+    import geoarray.torch.conventions as conventions
+
+    calls = []
+    monkeypatch.setattr(conventions, "project_", lambda params: calls.append(list(params)))
+    M = Stiefel(7, 3)
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64, device=device))
+    opt = gt.SGD([W, b], lr=1e-2, stabilize=2)
+    projected_after = []
+    for t in range(1, 6):
+        W.grad, b.grad = _gaussian(torch, (7, 3), device, seed=t), torch.ones_like(b)
+        opt.step()
+        if calls:
+            projected_after.append(t)
+            assert calls.pop() == [W, b]  # project_ leaves plain tensors alone
+    assert projected_after == [2, 4]
+    with pytest.raises(ValueError, match="stabilize must be None or a positive int"):
+        gt.Adam([W], stabilize=0)

@@ -23,6 +23,10 @@ The transforms are :func:`geoarray.optim.transforms.scale_by_torch_adam` and
   ``foreach=False`` updates every parameter by its own call (``group_same_shape=False``).
   ``fused=True``, ``capturable=True`` and ``differentiable=True`` are not supported and raise a
   ``ValueError`` saying why; their ``False``/``None`` values are accepted.
+* ``stabilize`` (geoopt's option, so that geoopt code ports by swapping the classes): every
+  ``stabilize`` steps of a group its ManifoldParameters are projected to the nearest point
+  (:func:`geoarray.torch.project_`). Rarely needed: the retraction keeps them on the manifold to
+  rounding; the caches live in g^hor and need no projection.
 
 **The paper's variant** is :class:`geoarray.torch.PaperAdam` (the paper's β = (0.9, 0.99), δ = 3·10⁻⁷
 inside the root, ε = 0, the core's measured defaults; it was ``geoarray.torch.Adam`` before this
@@ -45,6 +49,7 @@ from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
 from .methods import _Method, _options
 from .optim import _OPTIONS
+from .parameter import project_
 
 __all__ = ["SGD", "Adam", "AdamW"]
 
@@ -70,6 +75,9 @@ def _check_flags(group: dict, name: str) -> None:
     foreach = group.get("foreach")
     if foreach not in (None, True, False):
         raise ValueError(f"foreach must be None, True or False, got {foreach!r}")
+    every = group.get("stabilize")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(f"stabilize must be None or a positive int (project every that many steps), got {every!r}")
 
 
 def _number(group: dict, key: str, gi: Any, *, unit: bool = False, index: int | None = None) -> float:
@@ -86,14 +94,33 @@ def _number(group: dict, key: str, gi: Any, *, unit: bool = False, index: int | 
 class _TorchStyle(_Method):
     """Shared machinery: live hyperparameters (validated at every step), structural ones in the key."""
 
-    _LIVE = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta")
+    _LIVE = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
     _ZERO_MATTERS = ("weight_decay", "momentum", "delta")  # zero or not: the shape of the chain
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One step (:meth:`geoarray.torch.Optimizer.step`), then geoopt's ``stabilize``: every
+        ``stabilize`` steps of a group, its ManifoldParameters are projected to the nearest point."""
+        loss = super().step(closure)
+        counts = self.__dict__.setdefault("_stabilize_counts", {})
+        for gi, group in enumerate(self.param_groups):
+            every = group.get("stabilize")
+            if not every:
+                continue
+            counts[gi] = counts.get(gi, 0) + 1
+            if counts[gi] % every == 0:
+                project_(p for p in group["params"] if p.grad is not None)
+        return loss
 
     def _check_live(self, group: dict, gi: Any) -> None:
         raise NotImplementedError
 
     def _hyper_key(self, group: dict) -> tuple:
-        self._check_live(group, next((i for i, g in enumerate(self.param_groups) if g is group), "new"))
+        gi = next((i for i, g in enumerate(self.param_groups) if g is group), "new")
+        self._check_live(group, gi)
+        every = group.get("stabilize")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"param_groups[{gi}]['stabilize'] must be None or a positive int, got {every!r}")
         key = super()._hyper_key(group)
         return key + tuple((k, bool(group[k] != 0)) for k in self._ZERO_MATTERS if k in group)
 
@@ -140,6 +167,7 @@ class Adam(_TorchStyle):
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
         delta: float = 0.0,
+        stabilize: int | None = None,
         section: str | None = None,
         retraction: str | None = None,
         on_nonfinite: str = "skip",
@@ -159,6 +187,7 @@ class Adam(_TorchStyle):
             "fused": fused,
             "decoupled_weight_decay": decoupled_weight_decay or self._DECOUPLED,
             "delta": delta,
+            "stabilize": stabilize,
             **_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
@@ -214,6 +243,7 @@ class AdamW(Adam):
         differentiable: bool = False,
         fused: bool | None = None,
         delta: float = 0.0,
+        stabilize: int | None = None,
         section: str | None = None,
         retraction: str | None = None,
         on_nonfinite: str = "skip",
@@ -223,7 +253,7 @@ class AdamW(Adam):
         super().__init__(
             params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
             capturable=capturable, differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
-            delta=delta, section=section, retraction=retraction, on_nonfinite=on_nonfinite,
+            delta=delta, stabilize=stabilize, section=section, retraction=retraction, on_nonfinite=on_nonfinite,
             group_same_shape=group_same_shape, seed=seed,
         )  # fmt: skip
 
@@ -250,6 +280,7 @@ class SGD(_TorchStyle):
         foreach: bool | None = None,
         differentiable: bool = False,
         fused: bool | None = None,
+        stabilize: int | None = None,
         section: str | None = None,
         retraction: str | None = None,
         on_nonfinite: str = "skip",
@@ -266,6 +297,7 @@ class SGD(_TorchStyle):
             "foreach": foreach,
             "differentiable": differentiable,
             "fused": fused,
+            "stabilize": stabilize,
             **_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
