@@ -18,13 +18,16 @@ What it does (float64):
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import unicodedata
+from collections.abc import Sequence
 
 import numpy as np
 
-from geoarray._backend import to_host
+import geoarray
+from geoarray import to_host
 from geoarray.gauge import apply_gauge, gauge_fix, paper_redundancy, random_gauge, redundancy
 from geoarray.models import load_checkpoint
 
@@ -96,15 +99,23 @@ def embed(model, params, batch, mask, xp):
     return pooled / xp.linalg.vector_norm(pooled, axis=-1, keepdims=True)
 
 
-def main() -> None:
+def namespace(backend: str):
+    """The array namespace of a backend name (float64 on JAX needs ``jax_enable_x64``)."""
+    if backend == "jax":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    module = {"numpy": "numpy", "torch": "torch", "jax": "jax.numpy", "array-api-strict": "array_api_strict"}[backend]
+    return geoarray.as_namespace(importlib.import_module(module))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="numpy", choices=("numpy", "torch", "jax", "array-api-strict"))
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    from geoarray.commands.gauge import _namespace
-
-    xp = _namespace(args.backend)
+    args = parser.parse_args(argv)
+    xp = namespace(args.backend)
     folder = model_dir(args.model_dir)
     model, params = load_checkpoint(folder, xp=xp)
     c = model.config

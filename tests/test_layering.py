@@ -1,0 +1,82 @@
+"""The layers of ../shared/DESIGN.md: every import inside geoarray points down, never up or sideways.
+
+Each top-level unit of the package (``geoarray.optim``, ``geoarray.models``, ``geoarray.train``, …)
+has a layer; an ``import`` or ``from … import`` anywhere in a module (function-level lazy imports
+included) may name only the module's own unit or a unit of a lower layer. A new unit must be given a
+layer here, so the layering is decided, not drifted into. Backend-independent: pure source analysis.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import geoarray
+
+# DESIGN.md's diagram, bottom (0) to top
+LAYERS = {
+    "_backend": 0,
+    "_io": 1,
+    "random": 2,
+    "linalg": 2,
+    "manifolds": 3,
+    "optim": 4,
+    "nn": 5,
+    "data": 6,
+    "models": 7,
+    "gauge": 8,
+    "_checkpoints": 9,
+    "train": 10,
+    "torch": 11,
+    "jax": 11,
+    "commands": 12,
+    "cli": 13,
+    "__main__": 14,
+}
+ROOT = Path(geoarray.__file__).resolve().parent
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "geoarray" else None
+
+
+def _imports(path: Path) -> list[str]:
+    """The geoarray modules (or packages) ``path`` imports, relative imports resolved."""
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    package = ".".join(rel.parts[:-1])  # for __init__.py, rel ends in "__init__": the package itself
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                if node.module:
+                    out.append(".".join([*base, node.module]))
+                else:
+                    out.extend(".".join([*base, alias.name]) for alias in node.names)
+            elif node.module and node.module.split(".")[0] == "geoarray":
+                out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names if alias.name.split(".")[0] == "geoarray")
+    return out
+
+
+def test_every_import_points_down():
+    units = {
+        p.stem if p.is_file() else p.name for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    units.discard("__init__")
+    assert units - set(LAYERS) == set(), f"give these units a layer in LAYERS: {sorted(units - set(LAYERS))}"
+    upward = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent)
+        if len(rel.parts) == 2 and rel.name == "__init__.py":
+            continue  # geoarray/__init__.py exposes every unit lazily (PEP 562)
+        me = _unit(".".join(rel.with_suffix("").parts))
+        for target in _imports(path):
+            other = _unit(target)
+            if other is None or other == me or other not in LAYERS:  # geoarray itself, or a name such as __version__
+                continue
+            if LAYERS[other] >= LAYERS[me]:
+                upward.append(f"{rel} (layer {LAYERS[me]}) imports {target} (layer {LAYERS[other]})")
+    assert upward == [], "imports that point up or sideways:\n" + "\n".join(sorted(set(upward)))
