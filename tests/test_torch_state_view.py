@@ -93,3 +93,14 @@ def test_the_mapping_is_read_only(torch, gt, device):
         assert torch.equal(p, q)
     clone = copy.deepcopy(opt_a)
     assert set(clone.state[clone.param_groups[0]["params"][1]]) >= {"step"}
+
+
+def test_a_partitioned_core_reads_empty(torch, gt, device):
+    import geoarray.optim as go
+
+    params = _plain(torch, device)
+    core = go.partition({"x": go.Adam(1e-2), "y": go.Momentum(1e-2)}, ["x", "y", "x"])
+    opt = gt.Optimizer(params, core)
+    _step(torch, params, 0)
+    opt.step()
+    assert opt.state[params[0]] == {} and params[0] in opt.state

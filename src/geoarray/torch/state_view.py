@@ -22,6 +22,9 @@ keeps (Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transf
 a horizontal element, a NamedTuple of tensors (``A``: n×n skew, ``B``: (N−n)×n for Stiefel), not a
 tensor shaped like the weight. Manifold Muon's buffer is in ambient coordinates (the weight's shape).
 
+Cores other than the Riemannian wrapper and manifold Muon (``geoarray.optim.partition`` given to
+:class:`geoarray.torch.Optimizer`) are not mapped: their parameters read ``{}``.
+
 **Read-only**: the dicts are rebuilt at every access and assigning to them changes nothing; the
 tensors are views of the optimizer's state as it is at the access (a step computes new state arrays:
 read ``opt.state[p]`` again after it), so do not modify them in place. Checkpoints go through
@@ -112,6 +115,8 @@ class StateView(Mapping):
         if found is None:
             return {}
         _, cohort, j = found
+        if not isinstance(cohort.state, (RiemannianState, ManifoldMuonState)):
+            return {}  # another core's state (geoarray.optim.partition): not mapped
         layout = _layout(cohort)
         g = next(k for k, group in enumerate(layout.groups) if j in group.indices)
         group, state = layout.groups[g], cohort.state
