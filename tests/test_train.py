@@ -300,3 +300,29 @@ def test_bad_arguments(xp, device):
     if geoarray._backend.backend_name(xp) not in ("torch", "jax"):
         with pytest.raises(ValueError, match="autodiff"):
             fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, grad="autodiff")
+
+
+def test_cli_train_resume(backend, tmp_path, capsys):
+    """``geoarray train vit --out DIR --resume``: 1 epoch, then resumed to 2, has the uninterrupted 2-epoch
+    history bit for bit; --resume without --out, or with another --seed, is one line and exit code 2."""
+    pytest.importorskip("sklearn", reason="digits come from scikit-learn (the demo extra)")
+    if backend.name != "numpy":
+        pytest.skip("the CLI's flag handling is host code; fit's resume is checked on every backend above")
+    from geoarray.cli import main
+
+    small = ["train", "vit", "--limit", "64", "--n-layers", "1", "--batch-size", "32", "--no-progress"]
+    strip = lambda d: [{k: v for k, v in h.items() if k != "seconds"} for h in d["history"]]  # noqa: E731
+    assert main([*small, "--epochs", "2", "--out", str(tmp_path / "a")]) == 0
+    assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b"), "--checkpoint-every", "1"]) == 0
+    assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [1, 2]
+    assert main([*small, "--epochs", "2", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in "ab")
+    assert strip(a) == strip(b) and len(a["history"]) == 2
+    capsys.readouterr()
+    assert main([*small, "--epochs", "2", "--resume"]) == 2
+    assert main([*small, "--epochs", "3", "--out", str(tmp_path / "b"), "--resume", "--seed", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "--resume needs --out" in err[0] and "--seed 0" in err[1]
+    # without --resume the run starts over: the old checkpoints are replaced
+    assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b")]) == 0
+    assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [2]
