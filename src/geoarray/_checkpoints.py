@@ -72,8 +72,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether another process with this id runs (this process's own leftovers are of failed saves)."""
     if pid == os.getpid():
-        return True
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -84,7 +85,8 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_leftovers(directory: str) -> None:
-    """Temporary and half-deleted checkpoint directories of processes that no longer run."""
+    """Temporary and half-deleted checkpoint directories of failed saves (of this process, or of processes
+    that no longer run; one directory is written by one run at a time)."""
     for entry in os.listdir(directory):
         m = _LEFTOVER.match(entry)
         if m and not _alive(int(m.group(1))):
@@ -104,14 +106,8 @@ def _npz_bytes(arrays: dict) -> bytes:
 
 
 def _os_error(exc: OSError, directory: str, previous: str | None) -> OSError:
-    """The same kind of ``OSError`` (``errno`` kept: ``PermissionError``, ``ENOSPC``, …), worded for the
-    checkpoint directory and saying which checkpoint is still intact."""
     kept = f"the previous checkpoint {previous!r} is intact" if previous else "no earlier checkpoint exists"
-    where = f" ({exc.filename})" if exc.filename else ""
-    reason = exc.strerror or str(exc)
-    new = OSError(exc.errno, f"could not save a checkpoint into {directory!r}: {reason}{where}; {kept}")
-    new.filename = directory
-    return new
+    return _io._os_error(exc, f"could not save a checkpoint into {directory!r}", kept, directory)
 
 
 def save_checkpoint(

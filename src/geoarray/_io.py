@@ -104,12 +104,26 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             write(fh)
             fs.fsync(fh)
         fs.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.lexists(tmp):
             os.remove(tmp)
+        if isinstance(exc, OSError):
+            raise _os_error(exc, f"could not write {path!r}", f"{path!r} is left as it was", path) from exc
         raise
-    fs.fsync_dir(directory)
+    try:
+        fs.fsync_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, f"could not make the new {path!r} durable", "its content is whole", path) from exc
     return path
+
+
+def _os_error(exc: OSError, doing: str, kept: str, path: str) -> OSError:
+    """An ``OSError`` of the same errno (so ``PermissionError`` stays one) saying what failed, the
+    file-system call's own path, and what is intact."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    new = OSError(exc.errno, f"{doing}: {exc.strerror or exc}{where}; {kept}")
+    new.filename = path
+    return new
 
 
 def _json_bytes(obj: Any) -> bytes:

@@ -283,7 +283,8 @@ def fit(
     ``optimizer.init``) then only give the layout, dtypes and devices; an empty DIR starts afresh.
     Without ``resume`` a DIR that already holds checkpoints is refused. A save that the file system
     refuses raises its ``OSError`` (naming DIR; the previous checkpoint intact) with the result up to
-    that step as the exception's ``fit_result``. See the module docstring for batches and Ctrl-C.
+    that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
+    docstring for batches and Ctrl-C.
     """
     epochs = _positive_int(epochs, "epochs")
     batch_size = _positive_int(batch_size, "batch_size")
@@ -337,7 +338,11 @@ def fit(
 
     def write_out() -> None:
         if out is not None:
-            _io.write_json(out, {"history": history, "interrupted": result.interrupted, "steps": result.steps})
+            try:
+                _io.write_json(out, {"history": history, "interrupted": result.interrupted, "steps": result.steps})
+            except OSError as exc:
+                exc.fit_result = result
+                raise
 
     def checkpoint(epoch_done: int, batch: int, loss_sum: float, samples: int, seconds: float) -> None:
         meta = {
@@ -354,7 +359,10 @@ def fit(
             )
         except OSError as exc:
             exc.fit_result = result
-            write_out()
+            try:
+                write_out()
+            except OSError:
+                pass  # the checkpoint's error is the one to report
             raise
 
     def due() -> bool:
