@@ -204,8 +204,9 @@ def _check_after_death(xp, device, ck, like, per_step, final):
 def test_kill_at_every_file_system_call_then_resume_bit_identically(xp, device, backend, tmp_path):
     if backend.kind == "jax":
         pytest.skip(
-            "os.fork() after JAX has started its thread pools can deadlock (JAX warns so); JAX's resume is "
-            "checked bit-identically in-process by test_train.test_resume_inside_an_epoch_is_bit_identical"
+            "os.fork() after JAX has started its thread pools can deadlock (JAX warns so), and a fresh JAX process "
+            "needs ~9 s for this run's first eager steps (measured), ~15 min for the 110 kill points; JAX's resume "
+            "is checked bit-identically in-process by test_train.test_resume_inside_an_epoch_is_bit_identical"
         )
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork (POSIX)")

@@ -458,7 +458,10 @@ def _resume(path: str, like_params: Any, like_state: Any, run: dict) -> tuple[An
             )
     for step, newer in list_checkpoints(path):
         if step > int(meta["steps"]):
-            os.replace(newer, os.path.join(path, "damaged-" + os.path.basename(newer)))
+            aside, n = os.path.join(path, "damaged-" + os.path.basename(newer)), 1
+            while os.path.lexists(aside):  # the same step damaged again in an earlier resume
+                aside, n = os.path.join(path, f"damaged-{os.path.basename(newer)}-{n}"), n + 1
+            os.replace(newer, aside)
     return params, state, meta, ckpt
 
 
