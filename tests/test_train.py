@@ -326,3 +326,30 @@ def test_cli_train_resume(backend, tmp_path, capsys):
     # without --resume the run starts over: the old checkpoints are replaced
     assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b")]) == 0
     assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [2]
+
+
+def test_checkpoints_of_a_partition_optimizer_resume_or_fail_before_training(xp, device, tmp_path):
+    """A ``partition`` (manifold Muon + Adam) run with checkpoints either resumes bit-identically or, where
+    ``save_state`` does not accept its state yet, fails with a TypeError before the first step."""
+    model = _model()
+    params = model.init(0, xp=xp, device=device)
+    labels = optree.tree_map(lambda a: "muon" if a.ndim >= 2 else "adam", params)
+
+    def run(**kw):
+        opt = optim.partition({"muon": optim.ManifoldMuon(lr=1e-2), "adam": optim.Adam(lr=1e-2)}, labels)
+        kw = {"epochs": 2, "batch_size": 8, "progress": False, "jit": False, **kw}
+        return fit(model, params, _problem(xp, device), opt, nn.ClassificationL2Loss(), **kw)
+
+    steps = []
+    ck = tmp_path / "ck"
+    try:
+        cut = run(checkpoint_path=ck, checkpoint_every=2, callback=lambda info: steps.append(info["step"]))
+    except TypeError as exc:
+        assert "state" in str(exc) and steps == [] and list_checkpoints(ck) == []
+        return
+    assert cut.steps == 6
+    ref = run()
+    half = run(checkpoint_path=tmp_path / "h", checkpoint_every=2, callback=_stop_at(3))
+    assert half.interrupted
+    resumed = run(checkpoint_path=tmp_path / "h", checkpoint_every=2, resume=True)
+    _assert_same_run(resumed, ref)

@@ -316,6 +316,10 @@ def fit(
     state = optimizer.init(params, manifolds)
     if opt_state is not None:
         state = opt_state
+    if checkpoint_path is not None:  # a state that cannot be saved fails now, not after the first epoch
+        from .optim.state import state_arrays
+
+        state_arrays(state)
     run = {"seed": int(seed), "batch_size": batch_size, "n_samples": n}
     n_batches = math.ceil(n / batch_size)
     history: list[dict[str, Any]] = []

@@ -26,7 +26,7 @@ import optree
 from .. import _io
 from .riemannian import RiemannianState
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "load_state", "save_state", "state_leaves"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "load_state", "save_state", "state_arrays", "state_leaves"]
 
 FORMAT = "geoarray-optimizer-state"
 FORMAT_VERSION = 1
