@@ -15,13 +15,13 @@ creation, ``write``, ``fsync`` (of files and of directories), ``rename`` and rem
 k runs over every call of the uninterrupted run (about 18 per save, 6 saves: 110 calls) with
 ``power`` at odd k and ``sigkill`` + the power loss at even k; ``GEOARRAY_CRASH_SWEEP=full`` runs
 every mode at every k instead (330 kills). Six more children are SIGKILLed by the parent at
-arbitrary moments of the run. After each death the parent
-checks that every committed checkpoint loads and equals the uninterrupted run's state at its step
-bit for bit (so no kill leaves a state that loads wrongly), then resumes with ``fit(resume=True)``
-and checks that the result equals the uninterrupted run bit for bit (parameters, optimizer state,
-history without wall-clock seconds). The children and the resumed runs skip the kernel's fsync
-(``_NoSync``: a killed process loses nothing of the page cache, the power loss is simulated), the
-counting run does them. The number of kill points and the time are printed (``-s``).
+arbitrary moments of the run, and 10 runs are killed twice (the resumed child dies at its 3rd call).
+After each death the parent checks that every committed checkpoint loads and equals the
+uninterrupted run's state at its step bit for bit (so no kill leaves a state that loads wrongly),
+then resumes with ``fit(resume=True)`` and checks that the result equals the uninterrupted run bit
+for bit (parameters, optimizer state, history without wall-clock seconds). The children and the
+resumed runs skip the kernel's fsync (``_NoSync``: a killed process loses nothing of the page cache,
+the power loss is simulated), the counting run does them. The number of kill points and the time are printed (``-s``).
 """
 
 from __future__ import annotations
@@ -167,14 +167,14 @@ class _Shim(_NoSync):
         super().rmtree(path)
 
 
-def _child(xp, device, ck, shim):
-    """Fork a child that trains with ``shim`` as the file system; returns its wait status."""
+def _child(xp, device, ck, shim, resume=False):
+    """Fork a child that trains (or resumes) with ``shim`` as the file system; returns its pid."""
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
             _io.fs = shim
-            _run(xp, device, checkpoint_path=ck, checkpoint_every=1, keep=2)
+            _run(xp, device, checkpoint_path=ck, checkpoint_every=1, keep=2, resume=resume)
             code = 0  # finished without being killed
         except BaseException:
             import traceback
@@ -250,8 +250,21 @@ def test_kill_at_every_file_system_call_then_resume_bit_identically(xp, device, 
         os.waitpid(pid, 0)
         _check_after_death(xp, device, ck, like, per_step, final)
         kills += 1
+    # killed twice: the resumed run dies too (at its 3rd call: a leftover of the first death is being removed
+    # or the first save is starting), then the parent resumes
+    twice = 0
+    for k in range(3, n_calls, 11):
+        ck = tmp_path / f"twice-{k}"
+        _, status = os.waitpid(_child(xp, device, ck, _Shim(k, "power")), 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == _KILLED, (k, status)
+        _, status = os.waitpid(_child(xp, device, ck, _Shim(3, "power"), resume=True), 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == _KILLED, (k, status)
+        _check_after_death(xp, device, ck, like, per_step, final)
+        twice += 1
+        kills += 2
     print(
-        f"\n{backend.name}: {kills} kills ({len(points)} at the {n_calls} file-system calls + 6 external SIGKILLs), "
+        f"\n{backend.name}: {kills} kills ({len(points)} at the {n_calls} file-system calls + 6 external SIGKILLs + "
+        f"{twice} runs killed twice), "
         f"every resumed run bit-identical, {time.perf_counter() - t_start:.1f} s"
     )
 
