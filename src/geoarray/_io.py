@@ -121,7 +121,10 @@ def _os_error(exc: OSError, doing: str, kept: str, path: str) -> OSError:
     """An ``OSError`` of the same errno (so ``PermissionError`` stays one) saying what failed, the
     file-system call's own path, and what is intact."""
     where = f" ({exc.filename})" if exc.filename else ""
-    new = OSError(exc.errno, f"{doing}: {exc.strerror or exc}{where}; {kept}")
+    message = f"{doing}: {exc.strerror or exc}{where}; {kept}"
+    if exc.errno is None:  # an OSError raised without an errno (by a library or a test)
+        return type(exc)(message)
+    new = OSError(exc.errno, message)
     new.filename = path
     return new
 
