@@ -75,3 +75,21 @@ def test_truncated_params_npz_is_a_valueerror_without_resource_warning(xp, devic
             load_checkpoint(ckpt, **like)
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_checkpoint_directory_of_the_former_layout_is_refused_clearly(xp, device, tmp_path):
+    """The former three-file layout (params.npz, opt_state.npz, meta.json side by side, no manifest) cannot
+    be verified: one ValueError saying so and how to read its files."""
+    model = ClassificationTransformer(4, 2, 3, n_heads=2, n_layers=1)
+    params = model.init(0, xp=xp, dtype="float64", device=device)
+    state = optim.Adam().init(params, model.manifolds())
+    optim.save_state(tmp_path / "opt_state.npz", state)
+    (tmp_path / "params.npz").write_bytes(b"PK")
+    (tmp_path / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"older geoarray.*cannot be verified.*load_state"):
+        load_checkpoint(tmp_path, like_params=params, like_state=state)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        load_checkpoint(tmp_path / "empty", like_params=params, like_state=state)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing", like_params=params, like_state=state)
