@@ -10,6 +10,10 @@ Properties and tolerances:
   (torch, jax), and so do two epochs of training with either;
 * ``out=`` writes the history as JSON; a checkpoint reloads bit-exactly (params and optimizer state)
   and training resumed from it continues exactly as the uninterrupted run (1e-12);
+* ``fit(resume=True)`` from a checkpoint taken inside an epoch ends bit-identical to the uninterrupted
+  run (parameters, optimizer state, losses); a damaged newest checkpoint is refused by
+  ``load_checkpoint`` and skipped (with a warning) on resume, files of two checkpoints mixed are refused,
+  ``keep`` bounds the number kept, and a run that does not match the checkpoints is refused;
 * Ctrl-C: a KeyboardInterrupt raised by a callback or by the loss, and a real SIGINT, stop the loop
   cleanly, return the last completed step's parameters with ``interrupted=True`` and keep the last
   checkpoint intact;
@@ -30,7 +34,7 @@ import geoarray
 from _helpers import to_numpy
 from geoarray import nn, optim
 from geoarray.models import ClassificationTransformer
-from geoarray.train import accuracy, fit, load_checkpoint, value_and_grad
+from geoarray.train import accuracy, fit, list_checkpoints, load_checkpoint, value_and_grad
 
 N, T, D, C = 24, 2, 4, 3
 
@@ -120,7 +124,8 @@ def test_json_and_checkpoint_round_trip_and_resume(xp, device, tmp_path):
     model, r = _fit(xp, device, epochs=2, out=out, checkpoint_every=1, checkpoint_path=ck)
     written = json.loads(out.read_text())
     assert [h["epoch"] for h in written["history"]] == [1, 2] and written["interrupted"] is False
-    assert r.checkpoint == os.fspath(ck)
+    assert r.checkpoint == os.path.join(ck, "ckpt-000000006")
+    assert [step for step, _ in list_checkpoints(ck)] == [4, 5, 6]  # keep=3 by default
     like_params = model.init(5, xp=xp, device=device)
     like_state = optim.Adam(lr=0.05).init(like_params, model.manifolds())
     params, state, meta = load_checkpoint(ck, like_params=like_params, like_state=like_state)
@@ -144,11 +149,12 @@ def test_keyboard_interrupt_from_callback_keeps_last_checkpoint(xp, device, tmp_
             raise KeyboardInterrupt
 
     ck, out = tmp_path / "ck", tmp_path / "h.json"
-    _, r = _fit(xp, device, epochs=3, callback=stop_at_5, checkpoint_every=1, checkpoint_path=ck, out=out)
+    _, r = _fit(xp, device, epochs=3, callback=stop_at_5, checkpoint_path=ck, out=out)
     assert r.interrupted and r.steps == 5 and len(r.history) == 1
-    assert json.loads((ck / "meta.json").read_text())["epoch"] == 1
+    assert [step for step, _ in list_checkpoints(ck)] == [3]  # one per epoch: the first epoch's
+    assert json.loads((ck / "ckpt-000000003" / "meta.json").read_text())["epoch"] == 1
     assert json.loads(out.read_text())["interrupted"] is True
-    assert not [f for f in os.listdir(ck) if ".tmp-" in f]
+    assert sorted(os.listdir(ck)) == ["ckpt-000000003"]
 
     # the returned parameters are those after step 5: the same as a run told to stop there by SIGINT
     def sigint_at_5(info):
@@ -161,6 +167,98 @@ def test_keyboard_interrupt_from_callback_keeps_last_checkpoint(xp, device, tmp_
     for u, v in zip(_leaves_np(r.params), _leaves_np(s.params), strict=True):
         np.testing.assert_array_equal(u, v)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def _stop_at(step):
+    def callback(info):
+        if info["step"] == step:
+            raise KeyboardInterrupt
+
+    return callback
+
+
+def _assert_same_run(a, b):
+    """Bit-identical parameters, optimizer state, step count and losses (wall-clock seconds excepted)."""
+    assert a.steps == b.steps and not a.interrupted and not b.interrupted
+    strip = lambda h: [{k: v for k, v in rec.items() if k != "seconds"} for rec in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    for u, v in zip(_leaves_np((a.params, a.opt_state)), _leaves_np((b.params, b.opt_state)), strict=True):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_resume_inside_an_epoch_is_bit_identical(xp, device, tmp_path):
+    """Interrupted after step 4 of 9 (checkpoints every 2 steps: the newest is step 4, inside epoch 2),
+    resumed: parameters, optimizer state and every epoch's losses equal the uninterrupted run's bit for bit."""
+    val = {"val_data": _problem(xp, device, seed=1)}
+    _, ref = _fit(xp, device, epochs=3, **val)
+    ck = tmp_path / "ck"
+    _, cut = _fit(xp, device, epochs=3, checkpoint_path=ck, checkpoint_every=2, callback=_stop_at(5), **val)
+    assert cut.interrupted and [s for s, _ in list_checkpoints(ck)] == [2, 4]
+    meta = json.loads((ck / "ckpt-000000004" / "meta.json").read_text())
+    assert (meta["epoch"], meta["batch"], meta["steps"]) == (1, 1, 4)
+    _, resumed = _fit(xp, device, epochs=3, checkpoint_path=ck, checkpoint_every=2, resume=True, **val)
+    _assert_same_run(resumed, ref)
+    assert resumed.checkpoint == os.path.join(ck, "ckpt-000000009")
+    # resuming a finished run trains nothing and returns the same result
+    _, again = _fit(xp, device, epochs=3, checkpoint_path=ck, resume=True, **val)
+    _assert_same_run(again, ref)
+
+
+def test_damaged_or_mixed_checkpoints_are_refused_and_skipped_on_resume(xp, device, tmp_path):
+    ck = tmp_path / "ck"
+    model, ref = _fit(xp, device, epochs=2)
+    _fit(xp, device, epochs=2, checkpoint_path=ck, checkpoint_every=1, keep=4, callback=_stop_at(5))
+    assert [s for s, _ in list_checkpoints(ck)] == [1, 2, 3, 4]
+    like_params = model.init(0, xp=xp, device=device)
+    like = {"like_params": like_params, "like_state": optim.Adam(lr=0.05).init(like_params, model.manifolds())}
+    # a bit flipped in the newest checkpoint's parameters
+    f = ck / "ckpt-000000004" / "params.npz"
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    f.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"ckpt-000000004.*damaged.*fallback=True"):
+        load_checkpoint(ck, **like)
+    with pytest.warns(RuntimeWarning, match="ckpt-000000004"):
+        _, _, meta = load_checkpoint(ck, fallback=True, **like)
+    assert meta["steps"] == 3
+    # the files of two checkpoints mixed (a torn save of the old three-file layout): refused
+    (ck / "ckpt-000000002" / "opt_state.npz").write_bytes((ck / "ckpt-000000001" / "opt_state.npz").read_bytes())
+    with pytest.raises(ValueError, match="do not belong together"):
+        load_checkpoint(ck / "ckpt-000000002", **like)
+    with pytest.raises(ValueError, match="not a committed geoarray checkpoint"):
+        load_checkpoint(_mkdir(tmp_path / "ckpt-000000009"), **like)
+    # resume skips the damaged step 4, continues from step 3, sets the damaged one aside, ends bit-identical
+    with pytest.warns(RuntimeWarning, match="skipping a damaged checkpoint"):
+        _, resumed = _fit(xp, device, epochs=2, checkpoint_path=ck, checkpoint_every=1, keep=2, resume=True)
+    _assert_same_run(resumed, ref)
+    assert sorted(os.listdir(ck)) == ["ckpt-000000005", "ckpt-000000006", "damaged-ckpt-000000004"]
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
+
+
+def test_checkpoint_directory_checks(xp, device, tmp_path):
+    ck = tmp_path / "ck"
+    _fit(xp, device, epochs=1, checkpoint_path=ck)
+    with pytest.raises(ValueError, match=r"already holds checkpoints.*resume=True"):
+        _fit(xp, device, epochs=1, checkpoint_path=ck)
+    with pytest.raises(ValueError, match=r"seed=0.*seed=1"):
+        _fit(xp, device, epochs=1, checkpoint_path=ck, resume=True, seed=1)
+    with pytest.raises(ValueError, match=r"batch_size=8.*batch_size=4"):
+        _fit(xp, device, epochs=1, checkpoint_path=ck, resume=True, batch_size=4)
+    with pytest.raises(ValueError, match="resume=True needs checkpoint_path"):
+        _fit(xp, device, epochs=1, resume=True)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match=r"checkpoint_path .*afile.* is a file"):
+        _fit(xp, device, epochs=1, checkpoint_path=afile)
+    with pytest.raises(ValueError, match="keep"):
+        _fit(xp, device, epochs=1, checkpoint_path=tmp_path / "k", keep=0)
+    # a fresh directory with resume=True starts afresh
+    _, r = _fit(xp, device, epochs=1, checkpoint_path=tmp_path / "fresh", resume=True)
+    assert r.steps == 3 and r.checkpoint.endswith("ckpt-000000003")
 
 
 def test_keyboard_interrupt_inside_a_step_abandons_that_step(xp, device):
@@ -202,3 +300,50 @@ def test_bad_arguments(xp, device):
     if geoarray._backend.backend_name(xp) not in ("torch", "jax"):
         with pytest.raises(ValueError, match="autodiff"):
             fit(model, params, (x, y), opt, loss, epochs=1, batch_size=4, grad="autodiff")
+
+
+def test_cli_train_resume(backend, tmp_path, capsys):
+    """``geoarray train vit --out DIR --resume``: 1 epoch, then resumed to 2, has the uninterrupted 2-epoch
+    history bit for bit; --resume without --out, or with another --seed, is one line and exit code 2."""
+    pytest.importorskip("sklearn", reason="digits come from scikit-learn (the demo extra)")
+    if backend.name != "numpy":
+        pytest.skip("the CLI's flag handling is host code; fit's resume is checked on every backend above")
+    from geoarray.cli import main
+
+    small = ["train", "vit", "--limit", "64", "--n-layers", "1", "--batch-size", "32", "--no-progress"]
+    strip = lambda d: [{k: v for k, v in h.items() if k != "seconds"} for h in d["history"]]  # noqa: E731
+    assert main([*small, "--epochs", "2", "--out", str(tmp_path / "a")]) == 0
+    assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b"), "--checkpoint-every", "1"]) == 0
+    assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [1, 2]
+    assert main([*small, "--epochs", "2", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in "ab")
+    assert strip(a) == strip(b) and len(a["history"]) == 2
+    capsys.readouterr()
+    assert main([*small, "--epochs", "2", "--resume"]) == 2
+    assert main([*small, "--epochs", "3", "--out", str(tmp_path / "b"), "--resume", "--seed", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "--resume needs --out" in err[0] and "--seed 0" in err[1]
+    # without --resume the run starts over: the old checkpoints are replaced
+    assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b")]) == 0
+    assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [2]
+
+
+def test_checkpoints_of_a_partition_optimizer_resume_bit_identically(xp, device, tmp_path):
+    """A ``partition`` (manifold Muon + Adam) run with checkpoints resumes bit-identically (its state, like
+    every optimizer state, saves and loads)."""
+    model = _model()
+    params = model.init(0, xp=xp, device=device)
+    labels = optree.tree_map(lambda a: "muon" if a.ndim >= 2 else "adam", params)
+
+    def run(**kw):
+        opt = optim.partition({"muon": optim.ManifoldMuon(lr=1e-2), "adam": optim.Adam(lr=1e-2)}, labels)
+        kw = {"epochs": 2, "batch_size": 8, "progress": False, "jit": False, **kw}
+        return fit(model, params, _problem(xp, device), opt, nn.ClassificationL2Loss(), **kw)
+
+    cut = run(checkpoint_path=tmp_path / "ck", checkpoint_every=2)
+    assert cut.steps == 6
+    ref = run()
+    half = run(checkpoint_path=tmp_path / "h", checkpoint_every=2, callback=_stop_at(3))
+    assert half.interrupted
+    resumed = run(checkpoint_path=tmp_path / "h", checkpoint_every=2, resume=True)
+    _assert_same_run(resumed, ref)

@@ -15,12 +15,17 @@ moves the index array once to the data's device and takes the batches with ``xp.
 batch of an epoch may be smaller. The same seed gives the same batches, so a run is deterministic
 for a seed on a deterministic backend.
 
-Checkpoints (``checkpoint_every=k``, ``checkpoint_path=DIR``): every k epochs the directory receives
-``opt_state.npz`` (:func:`geoarray.optim.save_state`), ``params.npz`` (the parameter leaves written by
-the same mechanism: host copies in an ``.npz`` archive, bit-exact, with the tree layout checked on
-load) and ``meta.json`` (epoch, seed, history). Each file is written to a temporary name and renamed,
-so an interruption during a save leaves the previous checkpoint intact. :func:`load_checkpoint` reads
-it back on the namespace and devices of given ``like`` trees.
+Checkpoints (``checkpoint_path=DIR``, every ``checkpoint_every`` optimizer steps or at the end of every
+epoch, and after the last step): each is committed as one unit, ``DIR/ckpt-<step>`` holding
+``params.npz``, ``opt_state.npz`` (:func:`geoarray.optim.save_state`), ``meta.json`` (epoch, batch
+within the epoch, step, seed, history, the epoch's partial loss sum) and a manifest of their SHA-256
+sums, written into a temporary directory, fsync-ed and renamed into place (:mod:`geoarray._checkpoints`).
+A process killed at any moment leaves the previous checkpoints intact and never a torn one that loads.
+``resume=True`` continues from the newest intact checkpoint: the batches of an epoch depend only on
+(seed, epoch), the optimizer's randomness lives in its state, so the resumed run is bit-identical to an
+uninterrupted one (``tests/test_checkpoint_crash.py`` kills a run at every file-system call of its
+saves and checks this). :func:`load_checkpoint` reads a checkpoint back on the namespace and devices of
+given ``like`` trees.
 
 Ctrl-C: while :func:`fit` runs in the main thread, SIGINT sets a flag and the loop stops after the
 step in progress (a second Ctrl-C interrupts at once). A ``KeyboardInterrupt`` raised inside a step
@@ -31,7 +36,6 @@ completed epochs, the JSON file (``out=``) is written, and the last checkpoint i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -42,11 +46,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import optree
 
-from . import _backend
+from . import _backend, _io
+from ._checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
-__all__ = ["FitResult", "accuracy", "fit", "load_checkpoint", "save_checkpoint", "value_and_grad"]
+__all__ = [
+    "FitResult",
+    "accuracy",
+    "fit",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "save_checkpoint",
+    "value_and_grad",
+]
 
 Array = Any
 
@@ -106,7 +119,7 @@ def _check_pair(data: Any, name: str) -> tuple[Array, Array, Any, int]:
 def _resolve_grad(grad: str, xp: Any) -> str:
     if grad not in _GRAD_MODES:
         raise ValueError(f"fit: grad must be one of {_GRAD_MODES}, got {grad!r}")
-    native = _backend.is_torch(xp) or _backend.is_jax(xp)
+    native = _backend.has_autodiff(xp)
     if grad == "auto":
         return "autodiff" if native else "analytic"
     if grad == "autodiff" and not native:
@@ -139,130 +152,17 @@ def value_and_grad(model: Any, loss: Any, params: Any, inputs: Array, targets: A
     def objective(p: Any) -> Array:
         return loss.value(model.apply(p, inputs), targets)
 
-    if _backend.is_torch(xp):
-        import torch.func
-
-        grads, value = torch.func.grad_and_value(objective)(params)
-        return value, grads
-    import jax
-
-    value, grads = jax.value_and_grad(objective)(params)
-    return value, grads
+    return _backend.value_and_grad(objective, params, xp)
 
 
 def _maybe_jit(fn: Callable[..., Any], xp: Any, enabled: bool) -> Callable[..., Any]:
-    """``jax.jit(fn)`` on JAX (eager JAX dispatches every small op: a ViT step is ~40× slower), else ``fn``.
-
-    If tracing fails (a model or optimizer with Python control flow on array values, or
-    ``section="random"``, which draws on the host), the call is repeated eagerly and ``fn`` is used
-    from then on.
-    """
-    if not (enabled and _backend.is_jax(xp)):
-        return fn
-    import jax
-
-    current = [jax.jit(fn)]
-
-    def call(*args: Any) -> Any:
-        if current[0] is not fn:
-            try:
-                return current[0](*args)
-            except TypeError:  # jax's ConcretizationTypeError and friends are TypeErrors
-                current[0] = fn
-        return fn(*args)
-
-    return call
+    """``jax.jit(fn)`` on JAX, falling back to eager where tracing fails
+    (:func:`geoarray._backend.jit_with_fallback`); ``fn`` itself elsewhere or when not ``enabled``."""
+    return _backend.jit_with_fallback(fn, xp) if enabled else fn
 
 
 def _to_float(value: Any) -> float:
     return float(_backend.to_host(value))
-
-
-# ---------------------------------------------------------------------------------------------
-# checkpoints and JSON
-# ---------------------------------------------------------------------------------------------
-
-
-def _atomic_write(path: str, write: Callable[[str], None]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _write_json(path: str | os.PathLike, obj: Any) -> None:
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2)
-            fh.write("\n")
-
-    _atomic_write(path, write)
-
-
-def _params_layout(params: Any) -> str:
-    leaves, treedef = optree.tree_flatten(params)
-    return json.dumps({"tree": repr(treedef), "shapes": [list(leaf.shape) for leaf in leaves]})
-
-
-def save_checkpoint(path: str | os.PathLike, params: Any, opt_state: Any, meta: Mapping[str, Any] | None = None) -> str:
-    """Write ``params``, ``opt_state`` and ``meta`` into the directory ``path`` (created if needed).
-
-    ``opt_state.npz`` by :func:`geoarray.optim.save_state`; ``params.npz`` holds host copies of the
-    parameter leaves (the mechanism ``save_state`` uses, bit-exact) plus the tree layout;
-    ``meta.json`` holds ``meta``. Every file is replaced atomically. Returns the directory.
-    """
-    from .optim import save_state
-
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    leaves = optree.tree_leaves(params)
-    arrays = {f"leaf_{i:05d}": _backend.to_host(leaf) for i, leaf in enumerate(leaves)}
-    arrays["__layout__"] = np.array(_params_layout(params))
-
-    def write_params(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-
-    _atomic_write(os.path.join(path, "params.npz"), write_params)
-    _atomic_write(os.path.join(path, "opt_state.npz"), lambda tmp: save_state(tmp, opt_state))
-    _write_json(os.path.join(path, "meta.json"), dict(meta or {}))
-    return path
-
-
-def load_checkpoint(path: str | os.PathLike, *, like_params: Any, like_state: Any) -> tuple[Any, Any, dict]:
-    """``(params, opt_state, meta)`` from a directory written by :func:`save_checkpoint`.
-
-    The arrays are placed on the namespace, dtypes and devices of ``like_params`` / ``like_state``
-    (e.g. ``model.init(...)`` and ``optimizer.init(...)``); a different layout raises ``ValueError``.
-    """
-    from .optim import load_state
-
-    path = os.fspath(path)
-    pfile = os.path.join(path, "params.npz")
-    if not os.path.isfile(pfile):
-        raise ValueError(f"load_checkpoint: {pfile!r} does not exist")
-    leaves, treedef = optree.tree_flatten(like_params)
-    with np.load(pfile, allow_pickle=False) as data:
-        layout = str(data["__layout__"]) if "__layout__" in data else None
-        if layout != _params_layout(like_params):
-            raise ValueError(f"load_checkpoint: {pfile!r} holds parameters of a different layout than like_params")
-        host = [data[f"leaf_{i:05d}"] for i in range(len(leaves))]
-    # like_params' memory layout too: on torch a column-major weight restored row-major would round differently
-    params = optree.tree_unflatten(
-        treedef, [_backend.from_host_like(h, ref) for h, ref in zip(host, leaves, strict=True)]
-    )
-    opt_state = load_state(os.path.join(path, "opt_state.npz"), like=like_state)
-    with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
-        meta = json.load(fh)
-    return params, opt_state, meta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,6 +229,8 @@ def fit(
     out: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     checkpoint_path: str | os.PathLike | None = None,
+    keep: int | None = 3,
+    resume: bool = False,
     progress: bool = True,
     opt_state: Any = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
@@ -342,17 +244,32 @@ def fit(
     ``model.manifolds()``), so Stiefel weights stay on their manifold. After each epoch the loss on
     ``val_data`` and each ``metrics[name](model, params, val_inputs, val_targets)`` (on ``val_data``,
     required then) are recorded. ``out`` receives ``{"history": [...], "interrupted": bool,
-    "steps": int}`` as JSON after every epoch. ``opt_state`` resumes from a given optimizer state
+    "steps": int}`` as JSON after every epoch. ``opt_state`` starts from a given optimizer state
     instead of ``optimizer.init``. ``callback(info)`` is called after every step with
     ``{"epoch", "step", "loss"}``. On JAX, ``jit=True`` compiles the gradient and the optimizer
     update with ``jax.jit`` (falling back to eager where tracing fails); other backends run eagerly.
-    See the module docstring for batches, checkpoints and Ctrl-C.
+
+    Checkpoints: with ``checkpoint_path=DIR`` a checkpoint is committed every ``checkpoint_every``
+    optimizer steps (default: at the end of every epoch) and after the last step, keeping the ``keep``
+    newest (:func:`save_checkpoint`). ``resume=True`` continues from the newest intact checkpoint in
+    DIR (skipping damaged ones with a warning) at its epoch and step, with the same batches, so the
+    result is bit-identical to an uninterrupted run; ``params`` and ``opt_state`` (or
+    ``optimizer.init``) then only give the layout, dtypes and devices; an empty DIR starts afresh.
+    Without ``resume`` a DIR that already holds checkpoints is refused. A save that the file system
+    refuses raises its ``OSError`` (naming DIR; the previous checkpoint intact) with the result up to
+    that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
+    docstring for batches and Ctrl-C.
     """
     epochs = _positive_int(epochs, "epochs")
     batch_size = _positive_int(batch_size, "batch_size")
     checkpoint_every = _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    keep = _positive_int(keep, "keep", allow_none=True)
     if checkpoint_every is not None and checkpoint_path is None:
         raise ValueError("fit: checkpoint_every needs checkpoint_path (a directory)")
+    if not isinstance(resume, bool):
+        raise TypeError(f"fit: resume must be True or False, got {resume!r}")
+    if resume and checkpoint_path is None:
+        raise ValueError("fit: resume=True needs checkpoint_path (the directory of the run's checkpoints)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"fit: seed must be a non-negative int, got {seed!r}")
     inputs, targets, xp, n = _check_pair(data, "data")
@@ -365,33 +282,80 @@ def fit(
     for name, fn in metrics.items():
         if not callable(fn):
             raise TypeError(f"fit: metrics[{name!r}] must be callable, got {type(fn).__name__}")
+    if checkpoint_path is not None:
+        checkpoint_path = _check_checkpoint_dir(checkpoint_path, resume)
     if manifolds is None:
         manifolds = model.manifolds()
     # init records the manifolds and grouping on the optimizer even when a saved state is resumed
     state = optimizer.init(params, manifolds)
     if opt_state is not None:
         state = opt_state
+    if checkpoint_path is not None:  # a state that cannot be saved fails now, not after the first epoch
+        from .optim.state import state_arrays
+
+        state_arrays(state)
+    run = {"seed": int(seed), "batch_size": batch_size, "n_samples": n}
+    n_batches = math.ceil(n / batch_size)
+    history: list[dict[str, Any]] = []
+    result = FitResult(params=params, opt_state=state, history=history)
+    # where the loop starts: epoch (1-based), batch within it, and that epoch's partial sums
+    start, partial = (1, 0), {"loss_sum": 0.0, "samples": 0, "seconds": 0.0}
+    if resume:
+        resumed = _resume(checkpoint_path, params, state, run)
+        if resumed is not None:
+            result.params, result.opt_state, meta, result.checkpoint = resumed
+            history.extend(meta["history"])
+            result.steps = int(meta["steps"])
+            start, partial = (int(meta["epoch"]) + 1, int(meta["batch"])), dict(meta["partial"])
 
     grad_fn = _maybe_jit(lambda p, xb, yb: value_and_grad(model, loss, p, xb, yb, grad=mode), xp, bool(jit))
     update_fn = _maybe_jit(optimizer.update, xp, bool(jit))
     dev = _backend.device(inputs)
-    n_batches = math.ceil(n / batch_size)
-    history: list[dict[str, Any]] = []
-    result = FitResult(params=params, opt_state=state, history=history)
-    bar = _progress_bar(epochs * n_batches, progress)
+    done = (start[0] - 1) * n_batches + start[1]
+    bar = _progress_bar(max(epochs * n_batches - done, 0), progress)
 
     def write_out() -> None:
         if out is not None:
-            _write_json(out, {"history": history, "interrupted": result.interrupted, "steps": result.steps})
+            try:
+                _io.write_json(out, {"history": history, "interrupted": result.interrupted, "steps": result.steps})
+            except OSError as exc:
+                exc.fit_result = result
+                raise
+
+    def checkpoint(epoch_done: int, batch: int, loss_sum: float, samples: int, seconds: float) -> None:
+        meta = {
+            **run,
+            "epoch": epoch_done,
+            "batch": batch,
+            "steps": result.steps,
+            "history": history,
+            "partial": {"loss_sum": loss_sum, "samples": samples, "seconds": seconds},
+        }
+        try:
+            result.checkpoint = save_checkpoint(
+                checkpoint_path, result.params, result.opt_state, meta, step=result.steps, keep=keep
+            )
+        except OSError as exc:
+            exc.fit_result = result
+            try:
+                write_out()
+            except OSError:
+                pass  # the checkpoint's error is the one to report
+            raise
+
+    def due() -> bool:
+        return checkpoint_every is not None and result.steps % checkpoint_every == 0
 
     try:
         with _StopFlag() as stop:
-            for epoch in range(1, epochs + 1):
-                t0 = time.perf_counter()
+            for epoch in range(start[0], epochs + 1):
+                first = start[1] if epoch == start[0] else 0
+                carried = partial if epoch == start[0] else {"loss_sum": 0.0, "samples": 0, "seconds": 0.0}
+                t0 = time.perf_counter() - float(carried["seconds"])
                 rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(epoch,)))
                 perm = xp.asarray(rng.permutation(n), device=dev)
-                total, seen = 0.0, 0
-                for b in range(n_batches):
+                total, seen = float(carried["loss_sum"]), int(carried["samples"])
+                for b in range(first, n_batches):
                     # min(): array-api-strict refuses slices that run past the end
                     idx = perm[b * batch_size : min((b + 1) * batch_size, n)]
                     xb = xp.take(inputs, idx, axis=0)
@@ -409,6 +373,8 @@ def fit(
                         bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
                     if callback is not None:
                         callback({"epoch": epoch, "step": result.steps, "loss": value})
+                    if b < n_batches - 1 and due():
+                        checkpoint(epoch - 1, b + 1, total, seen, time.perf_counter() - t0)
                     if stop.requested:
                         raise KeyboardInterrupt
                 record: dict[str, Any] = {"epoch": epoch, "train_loss": total / seen}
@@ -419,9 +385,8 @@ def fit(
                 record["seconds"] = time.perf_counter() - t0
                 history.append(record)
                 write_out()
-                if checkpoint_every is not None and epoch % checkpoint_every == 0:
-                    meta = {"epoch": epoch, "seed": int(seed), "steps": result.steps, "history": history}
-                    result.checkpoint = save_checkpoint(checkpoint_path, result.params, result.opt_state, meta)
+                if checkpoint_path is not None and (checkpoint_every is None or due() or epoch == epochs):
+                    checkpoint(epoch, 0, 0.0, 0, 0.0)
     except KeyboardInterrupt:
         result.interrupted = True
         write_out()
@@ -429,6 +394,53 @@ def fit(
         if bar is not None:
             bar.close()
     return result
+
+
+def _check_checkpoint_dir(path: Any, resume: bool) -> str:
+    """The checkpoint directory, created and checked before any training: a file there, a directory
+    that cannot be written, or (without ``resume``) earlier checkpoints are refused at once."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"fit: checkpoint_path {path!r} is a file; give a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"fit: cannot create checkpoint_path {path!r}: {exc.strerror}", path) from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(13, f"fit: checkpoint_path {path!r} is not writable", path)
+    if not resume and list_checkpoints(path):
+        raise ValueError(
+            f"fit: checkpoint_path {path!r} already holds checkpoints (newest {latest_checkpoint(path)!r}); "
+            "pass resume=True to continue that run, or choose an empty directory"
+        )
+    return path
+
+
+def _resume(path: str, like_params: Any, like_state: Any, run: dict) -> tuple[Any, Any, dict, str] | None:
+    """The newest intact checkpoint of ``path`` checked against this run's seed, batch size and sample
+    count (other batches would not continue the run), or None when ``path`` holds none. Newer damaged
+    checkpoints are renamed ``damaged-ckpt-…`` (kept for inspection) so that the run can overwrite their steps."""
+    from ._checkpoints import _load
+
+    if not list_checkpoints(path):
+        return None
+    params, state, meta, ckpt = _load(path, like_params, like_state, fallback=True)
+    for key in ("seed", "batch_size", "n_samples", "epoch", "batch", "steps", "history", "partial"):
+        if key not in meta:
+            raise ValueError(f"fit: {ckpt!r} was not written by geoarray.train.fit (its meta.json has no {key!r})")
+    for key, value in run.items():
+        if meta[key] != value:
+            raise ValueError(
+                f"fit: {ckpt!r} belongs to a run with {key}={meta[key]!r}, this one has {key}={value!r}; resuming "
+                f"would not continue that run (use the same {key}, or another checkpoint_path)"
+            )
+    for step, newer in list_checkpoints(path):
+        if step > int(meta["steps"]):
+            aside, n = os.path.join(path, "damaged-" + os.path.basename(newer)), 1
+            while os.path.lexists(aside):  # the same step damaged again in an earlier resume
+                aside, n = os.path.join(path, f"damaged-{os.path.basename(newer)}-{n}"), n + 1
+            os.replace(newer, aside)
+    return params, state, meta, ckpt
 
 
 def accuracy(model: Any, params: Any, inputs: Array, targets: Array) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -11,6 +10,7 @@ __all__ = [
     "BACKENDS",
     "CommandError",
     "add_common_train_options",
+    "checkpoint_options",
     "namespace_for",
     "positive_float",
     "positive_int",
@@ -71,9 +71,63 @@ def add_common_train_options(parser: argparse.ArgumentParser, *, epochs: int = 1
         "--out",
         metavar="DIR",
         default=None,
-        help="directory for metrics.json and the PNG plots (default: none written)",
+        help="directory for metrics.json, the PNG plots and checkpoints/ (default: none written)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bar")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose checkpoints are in DIR/checkpoints (--out DIR), bit-identically; "
+        "without it a run with --out starts over and replaces them",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=None,
+        metavar="STEPS",
+        help="with --out: commit a checkpoint every STEPS optimizer steps (default: at the end of every epoch)",
+    )
+
+
+def checkpoint_options(args: argparse.Namespace) -> dict:
+    """The checkpoint keywords of :func:`geoarray.train.fit` for ``--out``, ``--resume`` and
+    ``--checkpoint-every`` (none for a parser without them): checkpoints go to ``OUT/checkpoints``.
+
+    Without ``--resume`` earlier checkpoints there are removed (the run starts over, as metrics.json is
+    rewritten); with it, a run of another ``--seed`` or ``--batch-size`` is refused here in one line.
+    """
+    if not hasattr(args, "resume"):
+        return {}
+    if args.out is None:
+        if args.resume or args.checkpoint_every is not None:
+            flag = "--resume" if args.resume else "--checkpoint-every"
+            raise CommandError(f"{flag} needs --out DIR (the checkpoints are kept in DIR/checkpoints)")
+        return {}
+    import shutil
+
+    from ..train import latest_checkpoint
+
+    path = os.path.join(args.out, "checkpoints")
+    newest = latest_checkpoint(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CommandError(f"{path!r} is a file; remove it or choose another --out")
+    if newest is not None and not args.resume:
+        shutil.rmtree(path)
+    elif newest is not None:
+        from .._io import read_json
+
+        try:
+            meta = read_json(os.path.join(newest, "meta.json"), what="checkpoint meta.json")
+        except (OSError, ValueError):
+            meta = {}  # damaged: fit skips it and resumes from the newest intact one
+        for key in ("seed", "batch_size"):
+            if isinstance(meta, dict) and key in meta and getattr(args, key, meta[key]) != meta[key]:
+                flag = "--" + key.replace("_", "-")
+                raise CommandError(
+                    f"--resume: the run in {path!r} used {flag} {meta[key]}, not {getattr(args, key)}; "
+                    f"give {flag} {meta[key]} to continue it"
+                )
+    return {"checkpoint_path": path, "checkpoint_every": args.checkpoint_every, "resume": bool(args.resume)}
 
 
 def namespace_for(backend: str) -> Any:
@@ -115,15 +169,11 @@ def namespace_for(backend: str) -> Any:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> str:
-    """Write ``obj`` as indented JSON to ``path`` (parent directories created); returns the path."""
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.write("\n")
-    return path
+    """Write ``obj`` as indented JSON to ``path`` (parent directories created, replaced atomically:
+    :func:`geoarray._io.write_json`); returns the path."""
+    from .._io import write_json as _write_json
+
+    return _write_json(path, obj)
 
 
 def require(module: str, extra: str = "demo") -> Any:

@@ -83,7 +83,7 @@ def _problem(args: argparse.Namespace, xp: Any) -> tuple:
 def run(args: argparse.Namespace) -> int:
     from .. import models, nn, optim, train
     from ..data import windows
-    from ._common import namespace_for, require, write_json
+    from ._common import checkpoint_options, namespace_for, require, write_json
 
     xp = namespace_for(args.backend)
     if args.out is not None:
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         progress=not args.no_progress,
+        **checkpoint_options(args),
     )
     pred = models.iterate(model, result.params, val[:, :T, :], args.rollout)
     ref = val[:, : T + args.rollout, :]

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from ._common import BACKENDS, CommandError, namespace_for
+from ._common import BACKENDS, CommandError, namespace_for, require
 
 __all__ = ["add_parser", "run_check", "run_fix", "run_table", "table_rows"]
 
@@ -188,6 +188,7 @@ def run_check(args: argparse.Namespace) -> int:
         if args.checkpoint is not None:
             if not os.path.exists(args.checkpoint):
                 raise CommandError(f"checkpoint {args.checkpoint!r} does not exist")
+            require("safetensors", extra="gauge")
             target: Any = args.checkpoint
         else:
             target = _config_from_arg(args.config)
@@ -224,6 +225,7 @@ def run_fix(args: argparse.Namespace) -> int:
 
         if not os.path.exists(args.checkpoint):
             raise CommandError(f"checkpoint {args.checkpoint!r} does not exist")
+        require("safetensors", extra="gauge")
         out_dir = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(out_dir):
             raise CommandError(f"--out directory {out_dir!r} does not exist")

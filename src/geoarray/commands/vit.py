@@ -163,6 +163,7 @@ def _train_one(args, xp, train, test, patch, *, stiefel: bool, optimizer: str, o
 
     from .. import nn
     from ..train import accuracy, fit
+    from ._common import checkpoint_options
 
     model = _model(args, patch, train[0].shape[-2], stiefel=stiefel)
     params = model.init(args.seed, xp=xp, dtype="float64")
@@ -182,6 +183,7 @@ def _train_one(args, xp, train, test, patch, *, stiefel: bool, optimizer: str, o
         metrics={"test_accuracy": accuracy},
         out=out_json,
         progress=not args.no_progress,
+        **checkpoint_options(args),
     )
     seconds = time.perf_counter() - t0
     row = {

@@ -355,14 +355,22 @@ def load_checkpoint(
     (Hugging Face format). Arrays are converted to ``xp`` (NumPy by default) in ``dtype``
     (float64 by default, wherever available).
     """
-    from safetensors import safe_open
-    from safetensors.numpy import load_file
+    try:
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise ImportError("reading a safetensors checkpoint needs safetensors: pip install 'geoarray[gauge]'") from None
 
     st_path, cfg_path = _resolve_checkpoint_path(path)
-    sd = load_file(st_path)
-    if config is None:
+    try:
+        sd = load_file(st_path)
         with safe_open(st_path, "np") as f:
             meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises its own SafetensorError for an empty, truncated or foreign file
+        raise ValueError(
+            f"checkpoint {st_path!r} is damaged, truncated or not a safetensors file ({type(exc).__name__}: {exc})"
+        ) from None
+    if config is None:
         if _META_KEY in meta:
             config = json.loads(meta[_META_KEY])
         elif cfg_path is not None:
