@@ -17,7 +17,7 @@ import pytest
 from _helpers import assert_close, to_numpy
 from geoarray import Stiefel
 from geoarray.optim import chain, riemannian, scale_by_learning_rate
-from geoarray.optim.transforms import scale, scale_by_torch_adam, scale_by_torch_sgd
+from geoarray.optim.torch_rules import scale, scale_by_torch_adam, scale_by_torch_sgd
 
 SHAPES = {"w": (4, 3), "b": (5,)}
 LR = 0.05

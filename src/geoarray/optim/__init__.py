@@ -16,7 +16,7 @@ schedules are in :mod:`geoarray.optim.schedules`; ``save_state``/``load_state`` 
 bit-exactly.
 """
 
-from . import layout, muon, schedules, transforms
+from . import layout, muon, schedules, torch_rules, transforms
 from .manifold_muon import ManifoldMuon, ManifoldMuonState, Muon
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
 from .partition import PartitionedOptimizer, PartitionState, partition
@@ -70,5 +70,6 @@ __all__ = [
     "scale_by_learning_rate",
     "scale_by_momentum",
     "schedules",
+    "torch_rules",
     "transforms",
 ]

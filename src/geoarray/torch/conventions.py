@@ -5,8 +5,8 @@ results on plain tensors (tested equal to ``torch.optim`` to 1e-12 relative in f
 steps, every option below) and runs the same formulas on the lifted gradient B ∈ g^hor of every
 :class:`~geoarray.torch.ManifoldParameter` (Algorithm 1 of Brantner, *Generalizing Adam to Manifolds
 for Efficiently Training Transformers*: Riemannian gradient → lift → torch's cache update → retraction).
-The transforms are :func:`geoarray.optim.transforms.scale_by_torch_adam` and
-:func:`~geoarray.optim.transforms.scale_by_torch_sgd` (their docstrings hold the update rules).
+The transforms are :func:`geoarray.optim.torch_rules.scale_by_torch_adam` and
+:func:`~geoarray.optim.torch_rules.scale_by_torch_sgd` (their docstrings hold the update rules).
 
 * **weight decay** — coupled (``Adam``/``SGD``: λθ added to the gradient) or decoupled (``AdamW``,
   ``decoupled_weight_decay=True``: θ ← θ(1 − lr·λ)); on a manifold parameter θ is the lift of the
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from .. import optim as _optim
+from ..optim import torch_rules as _rules
 from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
 from .methods import _Method, _options
@@ -206,7 +207,7 @@ class Adam(_TorchStyle):
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         _check_flags(group, type(self).__name__)
         self._check_live(group, "new")
-        adam = _t.scale_by_torch_adam(
+        adam = _rules.scale_by_torch_adam(
             self._live(group, "betas", 0),
             self._live(group, "betas", 1),
             self._live(group, "eps"),
@@ -216,7 +217,7 @@ class Adam(_TorchStyle):
             decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
         )
         # scale(±1) in every chain, so that switching maximize keeps the state's structure
-        sign = _t.scale(-1.0 if group["maximize"] else 1.0)
+        sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
         transform = _t.chain(sign, adam, _t.scale_by_learning_rate(self._lr(group)))
         return _optim.riemannian(transform, **self._group_options(group))
 
@@ -262,7 +263,7 @@ class SGD(_TorchStyle):
     """``torch.optim.SGD`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     d = g + λθ; with momentum μ: b₁ = d, bₜ = μbₜ₋₁ + (1 − τ)d, and the step −lr·(d + μbₜ) (Nesterov)
-    or −lr·bₜ (:func:`geoarray.optim.transforms.scale_by_torch_sgd`); ``maximize`` ascends. On a
+    or −lr·bₜ (:func:`geoarray.optim.torch_rules.scale_by_torch_sgd`); ``maximize`` ascends. On a
     ManifoldParameter d is the lifted gradient in g^hor and the step a retraction. (The paper's
     momentum, eq. 8 without dampening or Nesterov, is :class:`geoarray.torch.Momentum`.)
     """
@@ -311,12 +312,12 @@ class SGD(_TorchStyle):
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         _check_flags(group, "SGD")
         self._check_live(group, "new")
-        sgd = _t.scale_by_torch_sgd(
+        sgd = _rules.scale_by_torch_sgd(
             self._value(group, "momentum"),
             self._live(group, "dampening"),
             bool(group["nesterov"]),
             self._value(group, "weight_decay"),
         )
-        sign = _t.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
+        sign = _rules.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
         transform = _t.chain(sign, sgd, _t.scale_by_learning_rate(self._lr(group)))
         return _optim.riemannian(transform, **self._group_options(group))

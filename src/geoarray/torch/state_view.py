@@ -46,7 +46,8 @@ from ..optim.layout import AS_IS, STACKED
 from ..optim.manifold_muon import ManifoldMuonState
 from ..optim.muon import ScaleByMuonState
 from ..optim.riemannian import RiemannianState
-from ..optim.transforms import ScaleByAdamState, ScaleByMomentumState, ScaleBySGDState, ScaleByTorchAdamState
+from ..optim.torch_rules import ScaleBySGDState, ScaleByTorchAdamState
+from ..optim.transforms import ScaleByAdamState, ScaleByMomentumState
 
 __all__ = ["StateView"]
 
