@@ -60,6 +60,7 @@ class ClassificationTransformer(Layer):
         n_heads: int,
         n_layers: int,
         stiefel: bool = True,
+        add_connection: bool = True,
         activation: Any = "tanh",
         average: bool = False,
         logits: bool = False,
@@ -71,17 +72,29 @@ class ClassificationTransformer(Layer):
         self.n_heads = check_size(n_heads, "n_heads")
         self.n_layers = check_size(n_layers, "n_layers")
         self.stiefel = bool(stiefel)
+        # a string such as "false" would be truthy: accept only booleans (Python's or NumPy's)
+        if not isinstance(add_connection, bool) and type(add_connection).__name__ != "bool_":
+            raise ValueError(
+                f"ClassificationTransformer: add_connection must be True or False, got {add_connection!r} "
+                f"(pass add_connection=False for the reference package's attention without add connection)"
+            )
+        self.add_connection = bool(add_connection)
         self.average = bool(average)
         self.logits = bool(logits)
         blocks: list[Layer] = []
         for _ in range(self.n_layers):
-            blocks.append(MultiHeadAttention(self.patch_dim, self.n_heads, stiefel=self.stiefel, scale=scale))
+            blocks.append(
+                MultiHeadAttention(
+                    self.patch_dim, self.n_heads, stiefel=self.stiefel, add_connection=self.add_connection, scale=scale
+                )
+            )
             blocks.append(ResNetLayer(self.patch_dim, activation))
         blocks.append(ClassificationLayer(self.patch_dim, self.n_classes, average=self.average, logits=self.logits))
         self.chain = Chain(*blocks)
 
     def __repr__(self) -> str:
         extra = "" if self.stiefel else ", stiefel=False"
+        extra += "" if self.add_connection else ", add_connection=False"
         extra += ", average=True" if self.average else ""
         extra += ", logits=True" if self.logits else ""
         return (
