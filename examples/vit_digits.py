@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"gradient/momentum lr {args.lr_sgd}, seeds 0..{args.seeds - 1}",
         flush=True,
     )
+    commit = _commit()  # the code that runs, not the HEAD at the end of a long sweep
     t0 = time.perf_counter()
     if args.jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             json.dump(
                 {
                     "command": command,
-                    "commit": _commit(),
+                    "commit": commit,
                     "geoarray_version": getattr(geoarray, "__version__", None),
                     "config": vars(args),
                     "total_seconds": total,
