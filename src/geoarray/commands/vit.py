@@ -11,6 +11,7 @@ from ._common import CommandError, add_common_train_options, nonnegative_int, po
 __all__ = ["add_demo_parser", "add_train_parser", "run_demo", "run_train"]
 
 _OPTIMIZERS = ("adam", "gradient", "momentum")
+_ATTENTION_ADD = "on"  # follows ClassificationTransformer's default add_connection
 
 
 def _add_model_options(parser: argparse.ArgumentParser, *, n_layers: int = 8, lr: float = 3e-3) -> None:
@@ -20,6 +21,13 @@ def _add_model_options(parser: argparse.ArgumentParser, *, n_layers: int = 8, lr
     parser.add_argument("--n-heads", type=positive_int, default=None, help="attention heads (default: patch size)")
     parser.add_argument(
         "--n-layers", type=positive_int, default=n_layers, help=f"transformer blocks (default: {n_layers})"
+    )
+    parser.add_argument(
+        "--attention-add",
+        choices=("on", "off"),
+        default=_ATTENTION_ADD,
+        help="add connection after the attention: 'on' (x + attention(x)) or 'off' (attention(x) only, as the "
+        f"reference package's Transformer); the feed-forward always adds (default: {_ATTENTION_ADD})",
     )
     parser.add_argument("--batch-size", type=positive_int, default=64, help="mini-batch size (default: 64)")
     parser.add_argument("--lr", type=positive_float, default=lr, help=f"learning rate (default: {lr:g})")
@@ -131,7 +139,15 @@ def _model(args: argparse.Namespace, patch: int, n_patches: int, *, stiefel: boo
 
     patch_dim = patch * patch
     n_heads = _heads(args)[1]
-    return ClassificationTransformer(patch_dim, n_patches, 10, n_heads=n_heads, n_layers=args.n_layers, stiefel=stiefel)
+    return ClassificationTransformer(
+        patch_dim,
+        n_patches,
+        10,
+        n_heads=n_heads,
+        n_layers=args.n_layers,
+        stiefel=stiefel,
+        add_connection=args.attention_add == "on",
+    )
 
 
 def _optimizer(name: str, lr: float) -> Any:
@@ -294,7 +310,8 @@ def run_demo(args: argparse.Namespace) -> int:
     train, test, patch = _load(args, xp)
     print(
         f"ViT on digits: {train[0].shape[0]} train / {test[0].shape[0]} test images, {train[0].shape[-2]} patches "
-        f"of {patch}x{patch}, {args.n_layers} layers, backend {args.backend}, seed {args.seed}"
+        f"of {patch}x{patch}, {args.n_layers} layers (attention add {args.attention_add}), backend {args.backend}, "
+        f"seed {args.seed}"
     )
     rows, histories = [], {}
     runs = (("Stiefel Q/K/V + manifold Adam", True), ("unconstrained Q/K/V + Adam", False))
