@@ -3,7 +3,7 @@
 The experiment of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*
 (the MNIST vision transformer) scaled to the 8×8 digits: 4 patches of 4×4 pixels (patch dimension
 16), 4 heads whose query/key/value projections are points of St(16, 4), L blocks of [multi-head
-attention (with add connection unless ``--attention-add off``, the reference package's choice), tanh
+attention (without add connection, the reference package's choice, unless ``--attention-add on``), tanh
 feed-forward with add connection], classification from the last
 patch with a softmax, the paper's L2 loss. The model is geoarray's (``geoarray.models.
 ClassificationTransformer``, or the same chain of ``geoarray.nn`` layers where that module is absent),
@@ -73,8 +73,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--attention-add",
         choices=("on", "off"),
-        default="on",
-        help="add connection after the attention ('off': the reference package's Transformer; default on)",
+        default="off",
+        help="add connection after the attention (default off, as geoarray's ClassificationTransformer and the "
+        "reference package's Transformer)",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)

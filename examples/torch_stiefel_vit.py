@@ -3,8 +3,8 @@
 The architecture of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*
 (section 4), scaled to the 8×8 digits: each image is cut into 4 patches of 4×4 pixels, a sequence
 of T = 4 vectors of dim 16; ``--layers`` blocks of multi-head attention (4 heads, projections on
-Stiefel(16, 4), eq. 14, with add connection unless ``--attention-add off``, the reference package's
-choice) followed by a ResNet feed-forward layer (eq. 15); the
+Stiefel(16, 4), eq. 14; without add connection, as the reference package's ``Transformer``, unless
+``--attention-add on``) followed by a ResNet feed-forward layer (eq. 15); the
 classification layer of eq. 16 on the last token, trained with the paper's L2 loss on the softmax
 output (appendix D).
 
@@ -43,7 +43,7 @@ def load_digits(seed: int) -> tuple[torch.Tensor, ...]:
     return patches[idx_train], y[idx_train], patches[idx_test], y[idx_test]
 
 
-def build(layers: int, seed: int, analytic: bool, add_connection: bool = True) -> torch.nn.Sequential:
+def build(layers: int, seed: int, analytic: bool, add_connection: bool = False) -> torch.nn.Sequential:
     seeds = iter(geoarray.random.spawn(seed, 2 * layers + 1))
     kw = {"dtype": torch.float64, "analytic": analytic}
     blocks = []
@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--attention-add",
         choices=("on", "off"),
-        default="on",
-        help="add connection after the attention ('off': the reference package's Transformer; default on)",
+        default="off",
+        help="add connection after the attention (default off, as geoarray's ClassificationTransformer and the "
+        "reference package's Transformer)",
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-2)

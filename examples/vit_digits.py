@@ -2,8 +2,8 @@
 
 The experiment of Brantner, "Generalizing Adam to manifolds for efficiently training transformers"
 (the MNIST vision transformer), scaled to the 8×8 digits: 4 patches of 4×4 pixels (patch_dim 16),
-4 heads, L blocks of [multi-head attention with add connection, tanh feed-forward with add
-connection], classification from the last patch, no layer norm, the paper's L2 loss. Variants:
+4 heads, L blocks of [multi-head attention (add connection: ``--attention-add``), tanh
+feed-forward with add connection], classification from the last patch, no layer norm, the paper's L2 loss. Variants:
 
 * ``adam``            Stiefel Q/K/V, manifold Adam (Householder sections, the default)
 * ``adam-free``       unconstrained Q/K/V, Adam
@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--attention-add",
         choices=("on", "off", "both"),
-        default="on",
-        help="add connection after the attention: on, off (the reference package's Transformer) or both",
+        default="off",
+        help="add connection after the attention: off (the default: the model's and the reference package's), "
+        "on, or both",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr-adam", type=float, default=3e-3)

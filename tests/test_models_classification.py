@@ -10,11 +10,12 @@ Properties and tolerances:
   for the last-token and the mean readout;
 * ``average=True`` is invariant under permutations of the patches (1e-12); the last-token readout
   is not (the patches' order matters for it);
-* ``add_connection``: with True a block is x ↦ F(x + A(x)), with False x ↦ F(A(x)) — A the heads'
-  attention output [V_i softmax(Q_iᵀK_i)]_i, F the ResNet feed-forward x ↦ x + tanh(Wx + b) — checked
-  against the layers composed by hand to 1e-12 (A(x) taken as the add-connection attention minus x,
-  so the two paths are different computations); the pullback without the add connection agrees with
-  autodiff as above; a non-boolean ``add_connection`` raises ValueError naming it;
+* ``add_connection`` (default False, the reference package's): with True a block is
+  x ↦ F(x + A(x)), with False x ↦ F(A(x)) — A the heads' attention output [V_i softmax(Q_iᵀK_i)]_i,
+  F the ResNet feed-forward x ↦ x + tanh(Wx + b) — checked against the layers composed by hand to
+  1e-12 (A(x) taken as the add-connection attention minus x, so the two paths are different
+  computations); the pullback without the add connection agrees with autodiff as above; a
+  non-boolean ``add_connection`` raises ValueError naming it;
 * a wrong input shape raises ValueError naming the expected shape.
 """
 
@@ -71,7 +72,7 @@ def test_add_connection_is_the_stated_map(xp, device, add_connection):
     """Two blocks and the readout composed by hand: A(x) = attention-with-add(x) − x, then F."""
     m = ClassificationTransformer(8, 3, 5, n_heads=2, n_layers=2, add_connection=add_connection, logits=True)
     assert m.add_connection is add_connection
-    assert ("add_connection=False" in repr(m)) is (not add_connection)
+    assert ("add_connection=True" in repr(m)) is add_connection
     params = perturbed_params(m, xp, device, seed=3, scale=0.3)
     x = random_input(xp, device, (2, 4, 3, 8))
     attention_plus_x, feed_forward = MultiHeadAttention(8, 2, add_connection=True), ResNetLayer(8, "tanh")
@@ -87,6 +88,7 @@ def test_add_connection_is_the_stated_map(xp, device, add_connection):
 
 @pytest.mark.parametrize("bad", ["false", 0, None, 1.0])
 def test_add_connection_must_be_boolean(bad):
+    assert ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1).add_connection is False  # the reference's
     with pytest.raises(ValueError, match="add_connection must be True or False"):
         ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1, add_connection=bad)
     assert ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1, add_connection=np.False_).add_connection is False

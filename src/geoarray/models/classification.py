@@ -39,10 +39,14 @@ class ClassificationTransformer(Layer):
     (GeometricMachineLearning.jl, whose ``Transformer`` made the paper's MNIST figures) documents
     ``add_connection::Bool = false`` — "if the input should be added to the output after the
     MultiHeadAttention layer" — so there the attention *replaces* its input and only the ResNet
-    feed-forward adds. ``add_connection=False`` is that model. With ``True`` both sublayers add:
-    with Stiefel weights ‖A(x)‖ is of the size of ‖x‖, so x + A(x) can about double ‖x‖ per block,
-    which at 16 blocks saturates the classifier's softmax. The README's digits table
-    (``examples/vit_digits.py --attention-add both``) gives what each trains to at 8 and 16 blocks.
+    feed-forward adds. ``add_connection=False`` (the default) is that model. With ``True`` both
+    sublayers add: with Stiefel weights ‖A(x)‖ is of the size of ‖x‖, so x + A(x) can about double
+    ‖x‖ per block, which at 16 blocks saturates the classifier's softmax. The default was chosen by
+    measurement (``python examples/vit_digits.py --seeds 10 --epochs 40 --layers 8 16 --attention-add
+    both --variants adam adam-free``; digits, Adam lr 3e-3, batch 64; test accuracy mean ± std over
+    10 seeds): with Stiefel Q/K/V, 0.847 ± 0.036 without the add against 0.835 ± 0.071 with it at 8
+    blocks, and 0.533 ± 0.21 against 0.101 ± 0.011 (the max-entropy stall) at 16 blocks, the paper's
+    depth, where unconstrained weights stall either way (0.10). The README's digits table has the rest.
 
     **Which token classifies.** By default the last token x_T, as eq. 16 prescribes: the attention
     has no causal mask, so after the first block x_T is already a convex combination of all patches'
@@ -73,7 +77,7 @@ class ClassificationTransformer(Layer):
         n_heads: int,
         n_layers: int,
         stiefel: bool = True,
-        add_connection: bool = True,
+        add_connection: bool = False,
         activation: Any = "tanh",
         average: bool = False,
         logits: bool = False,
@@ -108,7 +112,7 @@ class ClassificationTransformer(Layer):
 
     def __repr__(self) -> str:
         extra = "" if self.stiefel else ", stiefel=False"
-        extra += "" if self.add_connection else ", add_connection=False"
+        extra += ", add_connection=True" if self.add_connection else ""
         extra += ", average=True" if self.average else ""
         extra += ", logits=True" if self.logits else ""
         return (
