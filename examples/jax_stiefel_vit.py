@@ -3,7 +3,8 @@
 The experiment of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*
 (the MNIST vision transformer) scaled to the 8×8 digits: 4 patches of 4×4 pixels (patch dimension
 16), 4 heads whose query/key/value projections are points of St(16, 4), L blocks of [multi-head
-attention with add connection, tanh feed-forward with add connection], classification from the last
+attention (without add connection, the reference package's choice, unless ``--attention-add on``), tanh
+feed-forward with add connection], classification from the last
 patch with a softmax, the paper's L2 loss. The model is geoarray's (``geoarray.models.
 ClassificationTransformer``, or the same chain of ``geoarray.nn`` layers where that module is absent),
 written once against the array API. JAX differentiates it and ``geoarray.jax.make_train_step`` jits
@@ -14,7 +15,7 @@ geoarray.jax.optax_transform(...))`` — applied with ``geoarray.jax.apply_updat
 Printed per epoch: training loss and test accuracy (25 % of the digits held out); at the end the
 largest orthonormality error max |YᵀY − I| over all Stiefel weights.
 
-    python examples/jax_stiefel_vit.py [--epochs 30] [--layers 4] [--seed 0] [--optax]
+    python examples/jax_stiefel_vit.py [--epochs 30] [--layers 4] [--seed 0] [--optax] [--attention-add on|off]
 """
 
 from __future__ import annotations
@@ -49,17 +50,19 @@ def digits(seed: int):
     return (x[train], t[train]), (x[test], t[test])
 
 
-def vision_transformer(layers: int):
+def vision_transformer(layers: int, add_connection: bool):
     """``geoarray.models.ClassificationTransformer`` where it exists, else the same chain of geoarray.nn layers."""
     try:
         from geoarray.models import ClassificationTransformer
     except ImportError:
         pass
     else:
-        return ClassificationTransformer(16, 4, 10, n_heads=4, n_layers=layers, stiefel=True)
+        return ClassificationTransformer(
+            16, 4, 10, n_heads=4, n_layers=layers, stiefel=True, add_connection=add_connection
+        )
     blocks = []
     for _ in range(layers):
-        blocks += [nn.MultiHeadAttention(16, 4, stiefel=True), nn.ResNetLayer(16, "tanh")]
+        blocks += [nn.MultiHeadAttention(16, 4, add_connection=add_connection), nn.ResNetLayer(16, "tanh")]
     return nn.Chain(*blocks, nn.ClassificationLayer(16, 10))
 
 
@@ -67,6 +70,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument(
+        "--attention-add",
+        choices=("on", "off"),
+        default="off",
+        help="add connection after the attention (default off, as geoarray's ClassificationTransformer and the "
+        "reference package's Transformer)",
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -77,7 +87,7 @@ def main(argv=None) -> None:
     jax.config.update("jax_enable_x64", not args.float32)
 
     (xtr, ttr), (xte, tte) = digits(args.seed)
-    model = vision_transformer(args.layers)
+    model = vision_transformer(args.layers, args.attention_add == "on")
     params = model.init(args.seed, xp=jnp, dtype=dtype)
     manifolds = model.manifolds()
     loss_fn = nn.ClassificationL2Loss()
@@ -99,7 +109,8 @@ def main(argv=None) -> None:
     n_batches = len(xtr) // args.batch_size  # full batches only: one compilation
     rng = np.random.default_rng(args.seed + 1)
     print(
-        f"ViT on digits in JAX: {args.layers} blocks, 4 heads on St(16, 4), {len(xtr)} train / {len(xte)} test, "
+        f"ViT on digits in JAX: {args.layers} blocks (attention add {args.attention_add}), 4 heads on St(16, 4), "
+        f"{len(xtr)} train / {len(xte)} test, "
         f"batch {args.batch_size}, Adam lr {args.lr}{' via optax' if args.optax else ''}, {dtype}, seed {args.seed}"
     )
     t0 = time.perf_counter()

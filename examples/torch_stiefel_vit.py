@@ -3,7 +3,8 @@
 The architecture of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers*
 (section 4), scaled to the 8×8 digits: each image is cut into 4 patches of 4×4 pixels, a sequence
 of T = 4 vectors of dim 16; ``--layers`` blocks of multi-head attention (4 heads, projections on
-Stiefel(16, 4), eq. 14, with add connection) followed by a ResNet feed-forward layer (eq. 15); the
+Stiefel(16, 4), eq. 14; without add connection, as the reference package's ``Transformer``, unless
+``--attention-add on``) followed by a ResNet feed-forward layer (eq. 15); the
 classification layer of eq. 16 on the last token, trained with the paper's L2 loss on the softmax
 output (appendix D).
 
@@ -14,6 +15,7 @@ running Algorithm 1 on the manifold weights and plain Adam on the others), and t
 the orthonormality error max|YᵀY − I| over all projections.
 
     python examples/torch_stiefel_vit.py [--epochs 30] [--seed 0] [--layers 2] [--lr 0.01] [--analytic]
+                                     [--attention-add on|off]
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ def load_digits(seed: int) -> tuple[torch.Tensor, ...]:
     return patches[idx_train], y[idx_train], patches[idx_test], y[idx_test]
 
 
-def build(layers: int, seed: int, analytic: bool) -> torch.nn.Sequential:
+def build(layers: int, seed: int, analytic: bool, add_connection: bool = False) -> torch.nn.Sequential:
     seeds = iter(geoarray.random.spawn(seed, 2 * layers + 1))
     kw = {"dtype": torch.float64, "analytic": analytic}
     blocks = []
     for _ in range(layers):
-        blocks.append(gt.nn.MultiHeadAttention(16, 4, seed=next(seeds), **kw))
+        blocks.append(gt.nn.MultiHeadAttention(16, 4, add_connection=add_connection, seed=next(seeds), **kw))
         blocks.append(gt.nn.ResNetLayer(16, "tanh", seed=next(seeds), **kw))
     blocks.append(gt.nn.ClassificationLayer(16, 10, seed=next(seeds), **kw))
     return torch.nn.Sequential(*blocks)
@@ -57,19 +59,26 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(-1) == y).double().mean().item()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument(
+        "--attention-add",
+        choices=("on", "off"),
+        default="off",
+        help="add connection after the attention (default off, as geoarray's ClassificationTransformer and the "
+        "reference package's Transformer)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--analytic", action="store_true", help="use the layers' analytic pullbacks, not autograd")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_digits(args.seed)
-    model = build(args.layers, args.seed, args.analytic)
+    model = build(args.layers, args.seed, args.analytic, args.attention_add == "on")
     opt = gt.Adam(model.named_parameters(), lr=args.lr)
     loss_fn = gnn.ClassificationL2Loss()
     n_manifold = sum(isinstance(p, gt.ManifoldParameter) for p in model.parameters())

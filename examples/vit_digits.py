@@ -2,8 +2,8 @@
 
 The experiment of Brantner, "Generalizing Adam to manifolds for efficiently training transformers"
 (the MNIST vision transformer), scaled to the 8×8 digits: 4 patches of 4×4 pixels (patch_dim 16),
-4 heads, L blocks of [multi-head attention with add connection, tanh feed-forward with add
-connection], classification from the last patch, no layer norm, the paper's L2 loss. Variants:
+4 heads, L blocks of [multi-head attention (add connection: ``--attention-add``), tanh
+feed-forward with add connection], classification from the last patch, no layer norm, the paper's L2 loss. Variants:
 
 * ``adam``            Stiefel Q/K/V, manifold Adam (Householder sections, the default)
 * ``adam-free``       unconstrained Q/K/V, Adam
@@ -16,7 +16,13 @@ weights, as the model's ``stiefel=False`` init) and sees the same batches. Print
 deviation over the seeds of the final training loss and the test accuracy (25 % of digits held out),
 and the per-seed values.
 
-    python examples/vit_digits.py [--seeds 8] [--epochs 40] [--layers 8] [--sections] [--jobs 2]
+Every variant runs at each depth of ``--layers`` and, with ``--attention-add both``, with and
+without the add connection after the attention (``ClassificationTransformer(add_connection=...)``;
+the feed-forward always adds). ``--json`` writes the table (mean, sample standard deviation and range
+over the seeds), every run, the command and the git commit.
+
+    python examples/vit_digits.py [--seeds 8] [--epochs 40] [--layers 8 16] [--attention-add both]
+                                  [--variants adam adam-free] [--sections] [--jobs 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -60,10 +66,12 @@ def _variant(name: str, lr_adam: float, lr_sgd: float, seed: int):
 
 
 def run_one(job: tuple) -> dict:
-    name, seed, epochs, layers, lr_adam, lr_sgd, batch_size = job
+    name, seed, epochs, layers, add_connection, lr_adam, lr_sgd, batch_size = job
     train, test = _data()
     stiefel, opt, section = _variant(name, lr_adam, lr_sgd, seed)
-    model = ClassificationTransformer(16, 4, 10, n_heads=4, n_layers=layers, stiefel=stiefel)
+    model = ClassificationTransformer(
+        16, 4, 10, n_heads=4, n_layers=layers, stiefel=stiefel, add_connection=add_connection
+    )
     params = model.init(seed, xp=geoarray.array_namespace(train[0]))
     manifolds = model.manifolds()
     if section not in (None, "householder"):
@@ -91,6 +99,8 @@ def run_one(job: tuple) -> dict:
     last = result.history[-1]
     return {
         "variant": name,
+        "layers": layers,
+        "attention_add": add_connection,
         "seed": seed,
         "train_loss": last["train_loss"],
         "test_accuracy": last["acc"],
@@ -99,34 +109,95 @@ def run_one(job: tuple) -> dict:
     }
 
 
-def main() -> None:
+def _stats(values: list[float]) -> dict:
+    return {
+        "mean": statistics.mean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """One row per (layers, attention add, variant): mean ± sample std (and range) over the seeds."""
+    keys = sorted({(r["layers"], not r["attention_add"], r["variant"]) for r in results})
+    order = {v: i for i, v in enumerate(dict.fromkeys(r["variant"] for r in results))}
+    keys.sort(key=lambda k: (k[0], k[1], order[k[2]]))
+    rows = []
+    for layers, no_add, variant in keys:
+        rs = [r for r in results if (r["layers"], not r["attention_add"], r["variant"]) == (layers, no_add, variant)]
+        rows.append(
+            {
+                "layers": layers,
+                "attention_add": not no_add,
+                "variant": variant,
+                "seeds": [r["seed"] for r in rs],
+                "final_train_loss": _stats([r["train_loss"] for r in rs]),
+                "test_accuracy": _stats([r["test_accuracy"] for r in rs]),
+                "seconds_per_run": statistics.mean(r["seconds"] for r in rs),
+            }
+        )
+    return rows
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    import shlex
+    import sys
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=8, help="number of seeds K (default 8)")
     p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--layers", type=int, nargs="+", default=[8], help="transformer depths L (default 8)")
+    p.add_argument(
+        "--attention-add",
+        choices=("on", "off", "both"),
+        default="off",
+        help="add connection after the attention: off (the default: the model's and the reference package's), "
+        "on, or both",
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr-adam", type=float, default=3e-3)
     p.add_argument("--lr-sgd", type=float, default=0.1, help="learning rate of gradient and momentum (default 0.1)")
     p.add_argument("--sections", action="store_true", help="also Adam with transported and random sections")
     p.add_argument("--variants", nargs="*", default=None, help="run only these variants")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--json", default=None, help="write all results to this JSON file")
-    args = p.parse_args()
+    p.add_argument("--json", default=None, help="write the table and all runs to this JSON file")
+    args = p.parse_args(argv)
 
     variants = ["adam", "adam-free", "gradient", "momentum"]
     if args.sections:
         variants += ["adam-transported", "adam-random"]
     if args.variants:
         variants = args.variants
+    adds = {"on": [True], "off": [False], "both": [True, False]}[args.attention_add]
     jobs = [
-        (v, s, args.epochs, args.layers, args.lr_adam, args.lr_sgd, args.batch_size)
+        (v, s, args.epochs, L, add, args.lr_adam, args.lr_sgd, args.batch_size)
+        for L in args.layers
+        for add in adds
         for s in range(args.seeds)
         for v in variants
     ]
     print(
-        f"ViT on digits: {args.layers} layers, 4 heads, 4 patches of 4x4, {args.epochs} epochs, batch "
-        f"{args.batch_size}, Adam lr {args.lr_adam}, gradient/momentum lr {args.lr_sgd}, seeds 0..{args.seeds - 1}"
+        f"ViT on digits: {'/'.join(map(str, args.layers))} layers, attention add {args.attention_add}, 4 heads, "
+        f"4 patches of 4x4, {args.epochs} epochs, batch {args.batch_size}, Adam lr {args.lr_adam}, "
+        f"gradient/momentum lr {args.lr_sgd}, seeds 0..{args.seeds - 1}",
+        flush=True,
     )
+    commit = _commit()  # the code that runs, not the HEAD at the end of a long sweep
     t0 = time.perf_counter()
     if args.jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -134,20 +205,47 @@ def main() -> None:
             results = list(pool.map(run_one, jobs))
     else:
         results = [run_one(j) for j in jobs]
-    print(f"{'variant':<18} {'final train loss':>18} {'test accuracy':>16} {'s/run':>6}   per-seed accuracy")
-    for v in variants:
-        rs = [r for r in results if r["variant"] == v]
-        loss = [r["train_loss"] for r in rs]
-        acc = [r["test_accuracy"] for r in rs]
-        sd = lambda a: statistics.stdev(a) if len(a) > 1 else 0.0  # noqa: E731
+    rows = summarise(results)
+    print(
+        f"{'L':>3} {'attn add':>8} {'variant':<17} {'final train loss':>18} {'test accuracy':>16} {'s/run':>6}"
+        "   per-seed accuracy"
+    )
+    for row in rows:
+        loss, acc = row["final_train_loss"], row["test_accuracy"]
+        per_seed = [
+            r["test_accuracy"]
+            for r in results
+            if (r["layers"], r["attention_add"], r["variant"]) == (row["layers"], row["attention_add"], row["variant"])
+        ]
         print(
-            f"{v:<18} {statistics.mean(loss):>9.3f} ± {sd(loss):<6.3f} {statistics.mean(acc):>8.3f} ± {sd(acc):<5.3f}"
-            f" {statistics.mean(r['seconds'] for r in rs):>6.1f}   {' '.join(f'{a:.2f}' for a in acc)}"
+            f"{row['layers']:>3} {'yes' if row['attention_add'] else 'no':>8} {row['variant']:<17} "
+            f"{loss['mean']:>9.3f} ± {loss['std']:<6.3f} {acc['mean']:>8.3f} ± {acc['std']:<5.3f} "
+            f"{row['seconds_per_run']:>6.1f}   {' '.join(f'{a:.2f}' for a in per_seed)}"
         )
-    print(f"max-entropy loss √0.9 = {0.9**0.5:.3f}; total {time.perf_counter() - t0:.0f} s")
+    total = time.perf_counter() - t0
+    print(f"max-entropy loss √0.9 = {0.9**0.5:.3f}; total {total:.0f} s")
     if args.json:
+        command = "python examples/vit_digits.py " + " ".join(
+            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+        )
+        parent = os.path.dirname(args.json)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"config": vars(args), "results": results}, fh, indent=1)
+            json.dump(
+                {
+                    "command": command,
+                    "commit": commit,
+                    "geoarray_version": getattr(geoarray, "__version__", None),
+                    "config": vars(args),
+                    "total_seconds": total,
+                    "table": rows,
+                    "results": results,
+                },
+                fh,
+                indent=1,
+            )
+    return rows
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ def test_python_dash_m_and_light_parser():
         (["train"], "choose one of"),
         (["train", "vit", "--data", "mnist"], "--data-dir"),
         (["train", "vit", "--n-heads", "3"], "must divide"),
+        (["train", "vit", "--attention-add", "maybe"], "invalid choice"),
+        (["demo", "--attention-add", "false"], "invalid choice"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(argv, fragment, capsys):
@@ -89,14 +91,32 @@ def _check_run(out_dir, epochs=2):
     assert (out_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_train_vit_smoke(backend, tmp_path, capsys):
+@pytest.mark.parametrize("command", [["train", "vit"], ["demo"]])
+def test_attention_add_option_reaches_the_model(command):
+    """--attention-add on|off sets ClassificationTransformer(add_connection=...); the default is the model's."""
+    import inspect
+
+    from geoarray.commands import vit
+    from geoarray.models import ClassificationTransformer
+
+    default = inspect.signature(ClassificationTransformer).parameters["add_connection"].default
+    parser = build_parser()
+    for argv, expected in (([], default), (["--attention-add", "on"], True), (["--attention-add", "off"], False)):
+        args = parser.parse_args([*command, *argv])
+        assert vit._model(args, 4, 4, stiefel=True).add_connection is expected, argv
+
+
+@pytest.mark.parametrize("attention_add", ["on", "off"])
+def test_train_vit_smoke(backend, tmp_path, capsys, attention_add):
     pytest.importorskip("sklearn", reason="digits come from scikit-learn (the demo extra)")
     if backend.name not in _CLI_BACKENDS:
         pytest.skip(f"the CLI runs on CPU backends {sorted(_CLI_BACKENDS)}; {backend.name} has no --backend value")
-    assert main(["train", "vit", "--backend", _CLI_BACKENDS[backend.name], "--out", str(tmp_path), *_SMALL]) == 0
+    argv = ["train", "vit", "--backend", _CLI_BACKENDS[backend.name], "--out", str(tmp_path), *_SMALL]
+    assert main([*argv, "--attention-add", attention_add]) == 0
     out = capsys.readouterr().out
     assert "Stiefel + adam" in out and str(tmp_path / "loss.png") in out
     _check_run(tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text())["config"]["attention_add"] == attention_add
 
 
 def _idx(a: np.ndarray) -> bytes:

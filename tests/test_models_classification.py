@@ -10,6 +10,12 @@ Properties and tolerances:
   for the last-token and the mean readout;
 * ``average=True`` is invariant under permutations of the patches (1e-12); the last-token readout
   is not (the patches' order matters for it);
+* ``add_connection`` (default False, the reference package's): with True a block is
+  x ↦ F(x + A(x)), with False x ↦ F(A(x)) — A the heads' attention output [V_i softmax(Q_iᵀK_i)]_i,
+  F the ResNet feed-forward x ↦ x + tanh(Wx + b) — checked against the layers composed by hand to
+  1e-12 (A(x) taken as the add-connection attention minus x, so the two paths are different
+  computations); the pullback without the add connection agrees with autodiff as above; a
+  non-boolean ``add_connection`` raises ValueError naming it;
 * a wrong input shape raises ValueError naming the expected shape.
 """
 
@@ -22,6 +28,7 @@ from _helpers import to_numpy
 from _layer_checks import check_pullback, perturbed_params, random_input
 from geoarray.manifolds import Stiefel
 from geoarray.models import ClassificationTransformer
+from geoarray.nn import ClassificationLayer, MultiHeadAttention, ResNetLayer
 
 
 def test_structure_manifolds_and_init(xp, device):
@@ -52,11 +59,39 @@ def test_outputs_are_probabilities(xp, device):
     assert y.min() >= 0.0
 
 
+@pytest.mark.parametrize("add_connection", [True, False], ids=["attention-add", "no-attention-add"])
 @pytest.mark.parametrize("average", [False, True], ids=["last-token", "mean"])
-def test_pullback(xp, device, backend, average):
-    m = ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=2, average=average)
+def test_pullback(xp, device, backend, average, add_connection):
+    m = ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=2, average=average, add_connection=add_connection)
     params = perturbed_params(m, xp, device, seed=2, scale=0.1)
     check_pullback(m, params, random_input(xp, device, (2, 3, 4)), backend)
+
+
+@pytest.mark.parametrize("add_connection", [True, False], ids=["attention-add", "no-attention-add"])
+def test_add_connection_is_the_stated_map(xp, device, add_connection):
+    """Two blocks and the readout composed by hand: A(x) = attention-with-add(x) − x, then F."""
+    m = ClassificationTransformer(8, 3, 5, n_heads=2, n_layers=2, add_connection=add_connection, logits=True)
+    assert m.add_connection is add_connection
+    assert ("add_connection=True" in repr(m)) is add_connection
+    params = perturbed_params(m, xp, device, seed=3, scale=0.3)
+    x = random_input(xp, device, (2, 4, 3, 8))
+    attention_plus_x, feed_forward = MultiHeadAttention(8, 2, add_connection=True), ResNetLayer(8, "tanh")
+    h = x
+    for block in range(2):
+        a = attention_plus_x.apply(params[2 * block], h) - h
+        h = feed_forward.apply(params[2 * block + 1], h + a if add_connection else a)
+    expected = to_numpy(ClassificationLayer(8, 5, logits=True).apply(params[4], h))
+    np.testing.assert_allclose(to_numpy(m.apply(params, x)), expected, rtol=0, atol=1e-12)
+    other = ClassificationTransformer(8, 3, 5, n_heads=2, n_layers=2, add_connection=not add_connection, logits=True)
+    assert np.max(np.abs(to_numpy(other.apply(params, x)) - expected)) > 1e-3  # the flag changes the map
+
+
+@pytest.mark.parametrize("bad", ["false", 0, None, 1.0])
+def test_add_connection_must_be_boolean(bad):
+    assert ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1).add_connection is False  # the reference's
+    with pytest.raises(ValueError, match="add_connection must be True or False"):
+        ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1, add_connection=bad)
+    assert ClassificationTransformer(4, 3, 3, n_heads=2, n_layers=1, add_connection=np.False_).add_connection is False
 
 
 def test_readout_and_patch_permutations(xp, device):

@@ -13,7 +13,33 @@ from typing import Any
 
 from ._common import CommandError, add_common_train_options, positive_float, positive_int
 
-__all__ = ["add_train_parsers", "run"]
+__all__ = ["DIVERGENCE_FACTOR", "add_train_parsers", "divergence_step", "run"]
+
+# A rollout has diverged at the first predicted state that is non-finite or whose invariant I is off
+# by more than this multiple of |I(z_0)| (for the rigid body ‖z‖ doubled or collapsed to 0): past that
+# point the error and drift measure the blow-up, not the model, and are not reported as numbers.
+DIVERGENCE_FACTOR = 1.0
+
+
+def divergence_step(states: Any, invariant: Any, T: int, factor: float = DIVERGENCE_FACTOR) -> int | None:
+    """The first predicted step n = 1, 2, … (state T − 1 + n of the rollout) at which any sample is
+    non-finite or has |I(z) − I(z_0)| > factor · |I(z_0)|; None if the rollout never leaves.
+
+    ``states`` (..., T + n_steps, d) is the rollout (the true initial window first), ``invariant``
+    (..., T + n_steps) its invariant I, compared with I at the window's first state.
+    """
+    import numpy as np
+
+    from .._backend import to_host
+
+    z = np.asarray(to_host(states), dtype=np.float64)
+    inv = np.asarray(to_host(invariant), dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~np.all(np.isfinite(z), axis=-1) | ~np.isfinite(inv)
+        bad |= np.abs(inv - inv[..., :1]) > factor * np.abs(inv[..., :1])
+    bad = bad.reshape(-1, bad.shape[-1]).any(axis=0)[T:]
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) + 1 if hits.size else None
 
 
 def add_train_parsers(train_subparsers: Any) -> None:
@@ -106,27 +132,37 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         **checkpoint_options(args),
     )
-    pred = models.iterate(model, result.params, val[:, :T, :], args.rollout)
-    ref = val[:, : T + args.rollout, :]
-    rel = float(xp.sqrt(xp.sum((pred - ref) ** 2)) / xp.sqrt(xp.sum(ref**2)))
-    inv_pred, inv_ref = inv(pred), inv(ref)
-    drift = float(xp.max(xp.abs(inv_pred - inv_pred[..., :1])))
+    import numpy as np
+
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverging NumPy rollout is reported below
+        pred = models.iterate(model, result.params, val[:, :T, :], args.rollout)
+        ref = val[:, : T + args.rollout, :]
+        inv_pred, inv_ref = inv(pred), inv(ref)
+        diverged = divergence_step(pred, inv_pred, T)
+        rel = float(xp.sqrt(xp.sum((pred - ref) ** 2)) / xp.sqrt(xp.sum(ref**2)))
+        drift = float(xp.max(xp.abs(inv_pred - inv_pred[..., :1])))
+    inv_key = inv_name.split()[-1]
     summary = {
         "model": repr(model),
         "backend": args.backend,
         "epochs": args.epochs,
         "final_train_loss": result.history[-1]["train_loss"],
         "rollout_steps": args.rollout,
-        "rollout_relative_error": rel,
-        f"rollout_max_drift_{inv_name.split()[-1]}": drift,
+        "rollout_diverged_at_step": diverged,
+        "divergence_criterion": f"non-finite or |I - I0| > {DIVERGENCE_FACTOR:g} |I0| for I = {inv_name}",
+        # past divergence both numbers measure the blow-up, so they are not reported
+        "rollout_relative_error": rel if diverged is None else None,
+        f"rollout_max_drift_{inv_key}": drift if diverged is None else None,
     }
-    print(
-        f"{args.model_name}: final train loss {summary['final_train_loss']:.3e}, "
-        f"{args.rollout}-step relative error {rel:.3e}, max drift of {inv_name} {drift:.3e}"
-    )
+    if diverged is None:
+        outcome = f"{args.rollout}-step relative error {rel:.3f}, max drift of {inv_name} {drift:.2g}"
+    else:
+        outcome = (
+            f"{args.rollout}-step rollout DIVERGED at step {diverged} "
+            f"({inv_name} off by more than {DIVERGENCE_FACTOR:.0%} of its initial value, or not finite)"
+        )
+    print(f"{args.model_name}: final train loss {summary['final_train_loss']:.3g}, {outcome}")
     if args.out is not None:
-        import numpy as np
-
         os.makedirs(args.out, exist_ok=True)
         write_json(os.path.join(args.out, "metrics.json"), {"summary": summary, "history": result.history})
         import matplotlib
@@ -140,19 +176,49 @@ def run(args: argparse.Namespace) -> int:
         fig.tight_layout()
         fig.savefig(os.path.join(args.out, "loss.png"), dpi=100)
         plt.close(fig)
-        P, R = np.asarray(pred[0, ...]), np.asarray(ref[0, ...])
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-        for k in range(P.shape[-1]):
-            axes[0].plot(R[:, k], color=f"C{k}", label=f"z{k + 1} reference")
-            axes[0].plot(P[:, k], "--", color=f"C{k}", label=f"z{k + 1} model")
-        axes[0].set(xlabel="step", title="validation rollout")
-        axes[0].legend(fontsize=6)
-        axes[1].plot(np.asarray(inv_ref[0, ...]), label="reference")
-        axes[1].plot(np.asarray(inv_pred[0, ...]), "--", label="model")
-        axes[1].set(xlabel="step", ylabel=inv_name, title="invariant drift")
-        axes[1].legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "rollout.png"), dpi=100)
-        plt.close(fig)
+        _plot_rollout(pred, ref, inv_pred, inv_ref, inv_name, T, diverged, os.path.join(args.out, "rollout.png"))
         print(f"wrote {args.out}/metrics.json, loss.png, rollout.png")
     return 0
+
+
+def _plot_rollout(pred, ref, inv_pred, inv_ref, inv_name: str, T: int, diverged: int | None, path: str) -> None:
+    """The first validation rollout against the truth, and its invariant; the axes are clipped to the
+    truth's range (with a margin) and a diverged rollout is drawn up to the marked step where it left,
+    so the blow-up does not flatten the truth into a line."""
+    import matplotlib
+    import numpy as np
+
+    from .._backend import to_host
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    P, R = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (pred, ref))
+    Ip, Ir = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (inv_pred, inv_ref))
+    if diverged is not None:  # the model's curves stop where it left: what follows is the blow-up
+        P, Ip = P[: T + diverged, :], Ip[: T + diverged]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for k in range(P.shape[-1]):
+        axes[0].plot(R[:, k], color=f"C{k}", label=f"z{k + 1} reference")
+        axes[0].plot(P[:, k], "--", color=f"C{k}", label=f"z{k + 1} model")
+    lo, hi = float(R.min()), float(R.max())
+    pad = 0.5 * max(hi - lo, 1e-3)
+    axes[0].set_ylim(lo - pad, hi + pad)
+    axes[0].set(xlabel="step", title="validation rollout")
+    i0 = float(Ir[0])
+    axes[1].plot(Ir, label="reference")
+    axes[1].plot(Ip, "--", label="model")
+    half = 2 * DIVERGENCE_FACTOR * max(abs(i0), 1e-3)
+    axes[1].set_ylim(i0 - half, i0 + half)
+    axes[1].set(xlabel="step", ylabel=inv_name, title="invariant drift")
+    if diverged is not None:
+        for ax in axes:
+            ax.axvline(T - 1 + diverged, color="red", linewidth=0.8)
+        axes[1].text(
+            T - 1 + diverged, i0 + 0.9 * half, f" diverged at step {diverged}", color="red", va="top", fontsize=8
+        )
+    axes[0].legend(fontsize=6)
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -11,6 +11,7 @@ from ._common import CommandError, add_common_train_options, nonnegative_int, po
 __all__ = ["add_demo_parser", "add_train_parser", "run_demo", "run_train"]
 
 _OPTIMIZERS = ("adam", "gradient", "momentum")
+_ATTENTION_ADD = "off"  # follows ClassificationTransformer's default add_connection=False
 
 
 def _add_model_options(parser: argparse.ArgumentParser, *, n_layers: int = 8, lr: float = 3e-3) -> None:
@@ -20,6 +21,13 @@ def _add_model_options(parser: argparse.ArgumentParser, *, n_layers: int = 8, lr
     parser.add_argument("--n-heads", type=positive_int, default=None, help="attention heads (default: patch size)")
     parser.add_argument(
         "--n-layers", type=positive_int, default=n_layers, help=f"transformer blocks (default: {n_layers})"
+    )
+    parser.add_argument(
+        "--attention-add",
+        choices=("on", "off"),
+        default=_ATTENTION_ADD,
+        help="add connection after the attention: 'on' (x + attention(x)) or 'off' (attention(x) only, as the "
+        f"reference package's Transformer); the feed-forward always adds (default: {_ATTENTION_ADD})",
     )
     parser.add_argument("--batch-size", type=positive_int, default=64, help="mini-batch size (default: 64)")
     parser.add_argument("--lr", type=positive_float, default=lr, help=f"learning rate (default: {lr:g})")
@@ -40,7 +48,8 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Train the vision transformer of Brantner's 'Generalizing Adam to manifolds' (no layer norm): "
             "images cut into square patches, L blocks of multi-head attention (Stiefel Q/K/V unless "
-            "--unconstrained) and a tanh feed-forward layer with add connection, classification from the "
+            "--unconstrained; no add connection after it unless --attention-add on, as the reference "
+            "package) and a tanh feed-forward layer with add connection, classification from the "
             "last patch, the paper's L2 loss. Writes metrics.json and loss.png to --out."
         ),
     )
@@ -60,10 +69,10 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "demo",
         help="Stiefel vs unconstrained vision transformer on digits (about 20 s on 2 cores)",
         description=(
-            "Train the vision transformer on scikit-learn's 8x8 digits twice from the same seed: Stiefel "
-            "Q/K/V weights with manifold Adam, and unconstrained weights with Adam (no layer norm in "
-            "either). Prints final train loss, test accuracy, max |Y^T Y - I| over the attention weights "
-            "and seconds, and writes a loss plot."
+            "Train the vision transformer on scikit-learn's 8x8 digits twice from the same seed, at the "
+            "paper's depth of 16 blocks: Stiefel Q/K/V weights with manifold Adam, and unconstrained "
+            "weights with Adam (no layer norm in either). Prints final train loss, test accuracy, "
+            "max |Y^T Y - I| over the attention weights and seconds, and writes a loss plot."
         ),
     )
     p.add_argument(
@@ -78,7 +87,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--out", metavar="DIR", default="geoarray-demo", help="where the plot goes (default: ./geoarray-demo)"
     )
     p.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
-    _add_model_options(p)
+    _add_model_options(p, n_layers=16)
     p.set_defaults(func=run_demo, prog=p.prog)
     return p
 
@@ -131,7 +140,15 @@ def _model(args: argparse.Namespace, patch: int, n_patches: int, *, stiefel: boo
 
     patch_dim = patch * patch
     n_heads = _heads(args)[1]
-    return ClassificationTransformer(patch_dim, n_patches, 10, n_heads=n_heads, n_layers=args.n_layers, stiefel=stiefel)
+    return ClassificationTransformer(
+        patch_dim,
+        n_patches,
+        10,
+        n_heads=n_heads,
+        n_layers=args.n_layers,
+        stiefel=stiefel,
+        add_connection=args.attention_add == "on",
+    )
 
 
 def _optimizer(name: str, lr: float) -> Any:
@@ -296,7 +313,8 @@ def run_demo(args: argparse.Namespace) -> int:
     train, test, patch = _load(args, xp)
     print(
         f"ViT on digits: {train[0].shape[0]} train / {test[0].shape[0]} test images, {train[0].shape[-2]} patches "
-        f"of {patch}x{patch}, {args.n_layers} layers, backend {args.backend}, seed {args.seed}"
+        f"of {patch}x{patch}, {args.n_layers} layers (attention add {args.attention_add}), backend {args.backend}, "
+        f"seed {args.seed}"
     )
     rows, histories = [], {}
     runs = (("Stiefel Q/K/V + manifold Adam", True), ("unconstrained Q/K/V + Adam", False))
