@@ -570,3 +570,36 @@ def test_manifold_muon_as_a_torch_optimizer_equals_the_core_and_resumes(torch, g
     bias.grad = torch.ones_like(bias)
     with pytest.raises(ValueError, match="Muon acts on matrices only"):
         gt.Muon([bias]).step()
+
+
+@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "SGD", "Momentum", "ManifoldMuon"])
+def test_a_state_dict_with_a_bad_hyperparameter_is_refused_at_load(torch, gt, device, name):
+    """A state_dict edited to lr="oops" (or betas out of range) is refused by load_state_dict with a
+    ValueError naming the key, and the optimizer keeps its groups and state; editing a group's lr to a
+    bad value is refused at the next step, before any parameter changes."""
+    params = _weights(torch, gt, device)[:4]
+    make = lambda ps: getattr(gt, name)(ps, lr=0.02)  # noqa: E731
+    opt = make(params)
+    _run_torch(opt, params, 1)
+    saved = copy.deepcopy(opt.state_dict())
+    target = make(params)
+    _run_torch(target, params, 1)
+    before = copy.deepcopy(target.state_dict())
+    bad = copy.deepcopy(saved)
+    bad["param_groups"][0]["lr"] = "oops"
+    with pytest.raises(ValueError, match=r"state_dict\['param_groups'\]\[0\]\['lr'\] must be a non-negative"):
+        target.load_state_dict(bad)
+    assert target.param_groups[0]["lr"] == 0.02
+    _assert_state_equal(torch, target.state_dict(), before)
+    if "betas" in saved["param_groups"][0]:
+        bad = copy.deepcopy(saved)
+        bad["param_groups"][0]["betas"] = (0.9, 2.0)
+        with pytest.raises(ValueError, match=r"2\.0"):
+            target.load_state_dict(bad)
+    target.param_groups[0]["lr"] = "oops"
+    snapshot = [p.detach().clone() for p in params]
+    for p, g in zip(params, _grads(torch, params, 5), strict=True):
+        p.grad = g
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] must be a non-negative"):
+        target.step()
+    assert all(torch.equal(p.detach(), s) for p, s in zip(params, snapshot, strict=True))

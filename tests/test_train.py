@@ -316,6 +316,12 @@ def test_cli_train_resume(backend, tmp_path, capsys):
     assert main([*small, "--epochs", "1", "--out", str(tmp_path / "b"), "--checkpoint-every", "1"]) == 0
     assert [s for s, _ in list_checkpoints(tmp_path / "b" / "checkpoints")] == [1, 2]
     assert main([*small, "--epochs", "2", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    capsys.readouterr()
+    # fit's own refusal (another sample count than the checkpoints') is one line and exit code 2 too
+    other = [a if a != "64" else "96" for a in small]
+    assert main([*other, "--epochs", "3", "--out", str(tmp_path / "b"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("geoarray train vit: error:") and "Traceback" not in err[0], err
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in "ab")
     assert strip(a) == strip(b) and len(a["history"]) == 2
     capsys.readouterr()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -63,7 +64,8 @@ def _missing_subcommand(parser: argparse.ArgumentParser, sub: Any) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 on success, 2 on a usage or input error)."""
+    """Run the command line; returns the exit code (0 on success, 2 on a usage or input error, 1 on a
+    file-system error), and reports an error in one line on stderr, never a traceback."""
     from .commands._common import CommandError
 
     parser = build_parser()
@@ -81,6 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = getattr(args, "prog", "geoarray")
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, TypeError, OSError) as exc:
+        # the library's input errors name the argument, the value and the fix: one line, as argparse's
+        # (GEOARRAY_TRACEBACK=1 shows the traceback, for a bug report)
+        if os.environ.get("GEOARRAY_TRACEBACK"):
+            raise
+        prog = getattr(args, "prog", "geoarray")
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1 if isinstance(exc, OSError) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

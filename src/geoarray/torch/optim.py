@@ -385,6 +385,8 @@ class Optimizer(torch.optim.Optimizer):
         if not active:
             return []
         self._check_grads(group, gi, active)
+        if "lr" in group and not isinstance(group["lr"], torch.Tensor):  # edited by hand or by a scheduler
+            _check_lr(group["lr"], f"param_groups[{gi}]['lr']")
         active_set = set(active)
         plan: list = []
         covered: set[int] = set()
@@ -554,6 +556,12 @@ class Optimizer(torch.optim.Optimizer):
                 if self._known is None or k in self._known:
                     group.setdefault(k, v)
         try:
+            for gi, group in enumerate(self.param_groups):
+                # validated now, not at the first step: building the group's core checks every
+                # hyperparameter it takes (a state_dict edited to lr="oops" is refused here)
+                if "lr" in group and not isinstance(group["lr"], torch.Tensor):
+                    _check_lr(group["lr"], f"state_dict['param_groups'][{gi}]['lr']")
+                self._make_core(group, gi)
             self._cohorts = [self._load_group(gi, entries) for gi, entries in enumerate(groups)]
         except BaseException:
             self.param_groups, self.state, self._cohorts = old
