@@ -32,6 +32,11 @@ float64). This needs a deterministic section strategy: the default Householder s
 ``"rotated"``, ``"transported"``) is a function of the weights alone; ``section="random"`` draws
 from ``seed``, step and group, so give every rank the same ``seed`` (the default 0 is).
 
+**Optimizer-state sharding (ZeRO-1) works and is tested** for every optimizer here:
+``torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=geoarray.torch.Adam,
+lr=...)`` under DDP gives each rank whole parameters and their state, and broadcasts the updated
+weights (2 gloo processes: ranks bit-identical, equal to one process to 1e-12; tests/test_torch_zero.py).
+
 **FSDP and tensor parallelism are not tested and, with sharded manifold weights, do not work.** A
 manifold update couples all entries of a weight (the Stiefel retraction needs the whole N×n matrix:
 its QR-based section and the n×n and 2n×2n blocks of eq. 21), whereas FSDP (``fully_shard`` /
