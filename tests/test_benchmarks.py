@@ -119,3 +119,24 @@ def test_muon_direction_accuracy_is_a_true_suboptimality(backend):
         pytest.skip(f"muon_direction_accuracy.py runs on NumPy only; this is the {backend.name} session")
     subopt = _load("muon_direction_accuracy").brockett(16, 4, 1, seeds=1)
     assert 0.0 <= subopt < 1e-4
+
+
+def test_host_reads_json(bench_backend, tmp_path, capsys):
+    """host_reads.py: both policies timed, torch counts 3 reads with and none without, the two steps agree
+    to float32 rounding, and the policy is restored afterwards."""
+    if bench_backend == "jax":
+        pytest.skip("host_reads.py compares eager steps on torch and NumPy; JAX decides on the device either way")
+    import geoarray
+
+    path = tmp_path / "host_reads.json"
+    _load("host_reads").main(["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--json", str(path)])
+    assert geoarray.get_host_reads() == "cpu"
+    (row,) = json.loads(path.read_text())["rows"]
+    for policy in ("cpu", "never"):
+        _positive_finite(row["ms"][policy], f"ms[{policy!r}]")
+    _positive_finite(row["ratio_never_over_cpu"], "ratio_never_over_cpu")
+    if bench_backend == "torch":
+        assert row["host_reads_per_step"] == {"cpu": 3, "never": 0}
+        assert row["operations_per_step"]["never"] > row["operations_per_step"]["cpu"] > 0
+    assert row["max_abs_difference"] < 1e-5
+    assert "never/cpu" in capsys.readouterr().out

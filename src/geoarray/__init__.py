@@ -14,7 +14,16 @@ import importlib
 from typing import Any
 
 from . import linalg, manifolds, optim, random
-from ._backend import array_namespace, as_namespace, backend_name, default_float, resolve_dtype, to_host
+from ._backend import (
+    array_namespace,
+    as_namespace,
+    backend_name,
+    default_float,
+    get_host_reads,
+    resolve_dtype,
+    set_host_reads,
+    to_host,
+)
 from .manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 
 __version__ = "0.1.0.dev0"
@@ -51,10 +60,12 @@ __all__ = [
     "as_namespace",
     "backend_name",
     "default_float",
+    "get_host_reads",
     "linalg",
     "manifolds",
     "optim",
     "random",
     "resolve_dtype",
+    "set_host_reads",
     "to_host",
 ]

@@ -32,16 +32,20 @@ from .autodiff import (
     vmap_compiled,
 )
 from .control import (  # noqa: F401
+    HOST_READS,
     _jax_jit,
     all_finite,
     all_finite_on_host,
     compiled,
     ensure_static_nodes,
     fori_loop,
+    get_host_reads,
+    host_reads_allowed,
     is_compiling,
     is_traced,
     register_static_node,
     select,
+    set_host_reads,
     static_loop,
 )
 from .kernels import (
@@ -100,7 +104,9 @@ __all__ = [
     "fast_path_backends",
     "fori_loop",
     "from_host_like",
+    "get_host_reads",
     "has_autodiff",
+    "host_reads_allowed",
     "index_dtype",
     "is_array_api_strict",
     "is_compiling",
@@ -118,6 +124,7 @@ __all__ = [
     "register_static_node",
     "resolve_dtype",
     "select",
+    "set_host_reads",
     "split",
     "static_loop",
     "to_host",

@@ -11,7 +11,7 @@ from typing import Any
 
 import optree
 
-from .namespace import is_jax, is_torch
+from .namespace import device, is_jax, is_torch
 
 Namespace = Any
 Array = Any
@@ -52,6 +52,69 @@ def all_finite_on_host(arrays: list, xp: Namespace) -> bool:
         if math.isfinite(float(total)):
             return True
     return all(bool(all_finite(x, xp)) for x in arrays)
+
+
+# -- host reads ----------------------------------------------------------------------------------------
+#
+# A few decisions inside a step depend on values the step computes: whether the gradients are finite,
+# which Taylor rule covers the retraction's norm, how many doublings the scaling needs. Eager code can
+# read such a value to the host and do only the work it asks for; on an accelerator that read waits for
+# every kernel queued before it (a stream synchronisation), and a CUDA graph cannot contain it. Without
+# it the step does fixed work and decides on the device (a ``where``), as it does under ``jax.jit``.
+
+HOST_READS = ("never", "cpu", "always")
+_host_reads = ["cpu"]
+
+
+def set_host_reads(policy: str) -> str:
+    """Set where eager steps may read a computed value to the host to choose their work; returns the
+    previous policy. ``"cpu"`` (the default): only for arrays in host memory (NumPy,
+    array-api-strict, torch and JAX on the CPU), where a read is a load, not a synchronisation, and
+    saves work; ``"never"``: nowhere, so a step does on the CPU exactly what it does on a GPU (for
+    tests); ``"always"``: everywhere, accelerators included (the behaviour before the policy existed:
+    one stream synchronisation per read).
+
+    Without reads an optimizer step does fixed work: it is computed and masked (a skipped step costs a
+    whole step), and the retraction runs a static budget of doublings
+    (:data:`geoarray.manifolds.retraction.SYNC_FREE_DOUBLINGS`), so a step too large for it comes out
+    non-finite and is skipped and counted in ``state.skipped`` like a non-finite gradient, without the
+    warning (which would need a read). With reads, a step of any size is taken."""
+    if policy not in HOST_READS:
+        raise ValueError(f"host reads policy must be one of {', '.join(map(repr, HOST_READS))}, got {policy!r}")
+    previous = _host_reads[0]
+    _host_reads[0] = policy
+    return previous
+
+
+def get_host_reads() -> str:
+    """The current host reads policy (:func:`set_host_reads`)."""
+    return _host_reads[0]
+
+
+def host_reads_allowed(x: Array) -> bool:
+    """Whether eager code may read a value computed from ``x`` to the host (never while traced).
+
+    Where it may, a step skips the work a value says it can skip (a non-finite step computes nothing,
+    the retraction runs the cheapest Taylor rule and only the doublings it needs); where it may not,
+    the same results come from fixed work masked on the device (to rounding: every route is accurate
+    to unit roundoff)."""
+    if is_traced(x):
+        return False
+    policy = _host_reads[0]
+    if policy == "never":
+        return False
+    if policy == "always":
+        return True
+    return _in_host_memory(x)
+
+
+def _in_host_memory(x: Array) -> bool:
+    if type(x).__module__.startswith("jax"):
+        return all(d.platform == "cpu" for d in x.devices())
+    kind = getattr(device(x), "type", None)  # torch.device
+    if kind is not None:
+        return kind == "cpu"
+    return not hasattr(x, "__cuda_array_interface__")  # NumPy, array-api-strict; CuPy lives on a GPU
 
 
 def is_traced(x: Any) -> bool:
@@ -146,11 +209,13 @@ def select(
     branch (also for a NaN ``value``); ``branches`` has one more entry than ``thresholds``, and each must
     give the same result to within its own accuracy (the choice is only about cost).
 
-    Eager: ``value`` (a 0-d array) is read to the host and one branch runs. Under ``jax.jit``:
-    ``lax.switch`` on the traced index, so only the chosen branch runs, without a host read. Under
-    ``torch.compile``, which has no multi-way conditional: the last branch (the general one).
+    Eager where host reads are allowed (:func:`host_reads_allowed`): ``value`` (a 0-d array) is read
+    to the host and one branch runs. On JAX otherwise (eager or under ``jax.jit``): ``lax.switch`` on
+    the index computed on the device, so only the chosen branch runs, without a host read. Elsewhere
+    (eager torch or CuPy without host reads, ``torch.compile``, which has no multi-way conditional):
+    the last branch (the general one).
     """
-    if not is_traced(value):
+    if host_reads_allowed(value):
         v = float(value)
         for threshold, branch in zip(thresholds, branches, strict=False):
             if v <= threshold:  # False for NaN
@@ -188,8 +253,9 @@ def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_co
     torch's ``while_loop`` higher-order operator, so the graph does not break. On eager backends the
     trip count is read to the host once (a single scalar, no array transfer) so no iteration is
     wasted; this is the one host synchronisation of an eager retraction (free on a CPU, a stream
-    synchronisation on CUDA: compile the step there). Elements needing more than ``max_count``
-    iterations are the caller's to flag.
+    synchronisation on CUDA). Where host reads are not allowed (:func:`host_reads_allowed`), eager
+    torch and CuPy run all ``max_count`` iterations (a static count: pass a small budget). Elements
+    needing more than ``max_count`` iterations are the caller's to flag.
     """
     if is_jax(xp):
         import jax
@@ -212,7 +278,7 @@ def fori_loop(body: Callable[[int, Any], Any], carry: Any, counts: Array, max_co
 
         out = while_loop(lambda k, *c: k < n, step, (k0, *((carry,) if single else carry)))
         return out[1] if single else tuple(out[1:])
-    n = max(0, min(int(xp.max(counts)), max_count))
+    n = max(0, min(int(xp.max(counts)), max_count)) if host_reads_allowed(counts) else max_count
     for k in range(n):
         carry = body(k, carry)
     return carry

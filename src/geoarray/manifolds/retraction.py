@@ -36,6 +36,14 @@ _PHI1_RULES = {
 }
 
 
+# Doublings run without host reads (eager torch and CuPy when the host reads policy forbids them:
+# _backend.host_reads_allowed): the trip count is static, so every call pays for all of them. Four
+# cover ‖X‖₁ ≤ 16·θ (float64 16, float32 11.2), far beyond an optimizer step (Adam at lr 1e-3:
+# 0.01–0.05; a rotation by 2π is ‖X‖₁ ≈ 2π); a larger X comes out NaN, which an optimizer's
+# non-finite policy then skips and counts. With host reads the budget is the manifold's max_doublings.
+SYNC_FREE_DOUBLINGS = 4
+
+
 def _phi1_rules(X: Array, xp: Any) -> tuple:
     return _PHI1_RULES["float64" if X.dtype == xp.float64 else "float32"]
 
@@ -90,12 +98,14 @@ def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     Xs = X / xp.pow(2.0, s)[..., None, None]
     U = _phi1_taylor(Xs, xp, rule)
 
-    def double(k, carry):
-        U, Xk = carry
-        active = (s > k)[..., None, None]
-        return xp.where(active, U + (U @ Xk @ U) / 2, U), xp.where(active, 2 * Xk, Xk)
+    def double(k, U):
+        # the k-th doubling uses 2ᵏ·X_s (exact: a power of two) where it is active (k < s), and a zero
+        # matrix elsewhere, which leaves U exactly as it is: no mask over U, no carried 2ᵏ·X_s
+        two_k = 2.0**k if isinstance(k, int) else xp.pow(2.0, xp.astype(k, X.dtype))  # k traced in loops
+        scale = xp.astype(s > k, X.dtype) * two_k
+        return _backend.addmm(U, U @ (Xs * scale[..., None, None]), U, xp, alpha=0.5)
 
-    U, _ = _backend.fori_loop(double, (U, Xs), s, max_doublings, xp)
+    U = _backend.fori_loop(double, U, s, max_doublings, xp)
     nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
     return xp.where((s > max_doublings)[..., None, None], nan, U)
 
@@ -106,11 +116,15 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     takes 2 products in float32 instead of 4 plus ~20 small operations), or beyond the last θ (and for
     non-finite input) the top rule with per-element scaling and doubling (:func:`_phi1_scaled`).
 
-    The choice is :func:`geoarray._backend.select`: eager, the largest bound is read to the host once
-    (the one host read of a retraction, which the doubling loop needs anyway); under ``jax.jit`` a
-    ``lax.switch`` runs the chosen branch only; under ``torch.compile`` the scaled route always runs.
+    The choice is :func:`geoarray._backend.select`: eager with host reads allowed, the largest bound is
+    read to the host once (the one host read of a retraction, which the doubling loop needs anyway); on
+    JAX a ``lax.switch`` runs the chosen branch only; under ``torch.compile`` the scaled route always
+    runs. Eager torch and CuPy without host reads do fixed work: the top rule and a static budget of
+    :data:`SYNC_FREE_DOUBLINGS` masked doublings (elements needing more come out NaN).
     All routes are accurate to unit roundoff, so the results agree to rounding.
     """
+    if not _backend.is_jax(xp) and not _backend.is_traced(bound) and not _backend.host_reads_allowed(bound):
+        return _phi1_scaled(X, bound, xp, min(max_doublings, SYNC_FREE_DOUBLINGS))
     rules = _phi1_rules(X, xp)
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
     branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]

@@ -43,12 +43,14 @@ state is stored per group.
 
 **Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
 parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
-(traceable). An eager update reads the finiteness flag to the host (one scalar, as its retraction
-does): a skipped step then computes nothing, a finite one needs no masking, and the first skipped
-step of a state's history warns (:class:`NonFiniteGradientWarning`, once: when ``state.skipped``
-leaves zero). Under ``jax.jit`` or ``torch.compile`` nothing is
-read: the step is computed and the old parameters and state are selected where the flag is false;
-``"raise"``
+(traceable). An eager update on the CPU reads the finiteness flag to the host (one scalar, as its
+retraction does): a skipped step then computes nothing, a finite one needs no masking, and the first
+skipped step of a state's history warns (:class:`NonFiniteGradientWarning`, once: when
+``state.skipped`` leaves zero). Where nothing may be read — under ``jax.jit`` or ``torch.compile``,
+and eagerly on a GPU (:func:`geoarray.set_host_reads`: a read there is a stream synchronisation) —
+the step is computed and the old parameters and state are selected where the flag is false; the flag
+then also covers the new points, so a step that the retraction's fixed doubling budget cannot take
+is skipped and counted the same way (without a warning, which would need a read). ``"raise"``
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
 ``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers).
 
@@ -132,8 +134,9 @@ class RiemannianState(NamedTuple):
 
 
 def _readable(flag: Array) -> bool:
-    """Whether ``update`` may read the finiteness flag to the host (eager) or must mask (traced)."""
-    return not _backend.is_traced(flag)
+    """Whether ``update`` may read the finiteness flag to the host (eager, where the host reads policy
+    allows it) or must mask (traced, or no host reads)."""
+    return _backend.host_reads_allowed(flag)
 
 
 class RiemannianOptimizer:
@@ -383,22 +386,29 @@ class RiemannianOptimizer:
         if any(group.section == "rotated" for group in layout.groups):
             inner = self.transform.reframe(inner, self._rotation(layout.groups, state.sections, lams))
         velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
-        new_leaves: list = [None] * len(leaves)
-        new_sections = []
-        for group, lam, W, Y in zip(layout.groups, lams, velocity, points, strict=True):
+        new_points, new_sections = [], []
+        for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
             M = group.manifold
             if group.section == "transported":
                 lam_new = M.transport_section(lam, W, self.retraction)
-                Y_new = lam_new.Y
+                new_points.append(lam_new.Y)
             else:
                 lam_new = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
-                Y_new = M.apply_retraction(lam, W, self.retraction)
+                new_points.append(M.apply_retraction(lam, W, self.retraction))
+            new_sections.append(lam_new)
+        if finite is not None and not _backend.is_traced(finite):
+            # eager without host reads: a step whose new point is not finite (one beyond the
+            # retraction's fixed doubling budget) is skipped like a non-finite gradient. Traced
+            # steps choose their doublings on the device (up to max_doublings) and need no check
+            for Y_new in new_points:
+                finite = xp.logical_and(finite, _backend.all_finite(Y_new, xp))
+        new_leaves: list = [None] * len(leaves)
+        for group, Y_new, Y in zip(layout.groups, new_points, points, strict=True):
             if finite is not None:
                 # per group, before unpacking (and before a half-precision group is cast back): the old
                 # leaves come back unchanged, bit for bit
                 Y_new = xp.where(finite, Y_new, Y)
             _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
-            new_sections.append(lam_new)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
         if finite is not None:
             where_finite = lambda new, old: xp.where(finite, new, old)  # noqa: E731

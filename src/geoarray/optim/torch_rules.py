@@ -60,7 +60,7 @@ def _hyperparameter(value: Any, name: str, check: Callable[[Any, str], float]) -
 def _step_coefficients(count: Array, compute: Callable[[Any], tuple]) -> Callable[[Array], tuple]:
     """``compute(t)`` once per step: with t a Python int when eager (the counter read to the host once,
     as ``scale_by_adam`` does), a 0-d float array per dtype and device when traced."""
-    if not _backend.is_traced(count):
+    if _backend.host_reads_allowed(count):
         host = compute(int(count))
         return lambda g: host
     cache: dict = {}

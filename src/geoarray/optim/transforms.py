@@ -15,9 +15,9 @@ themselves). The returned updates are *added* to the parameters (optax's sign co
 learning-rate scale multiplies by −η); :func:`geoarray.optim.riemannian` adds them on manifolds
 through the retraction. Every transform is written once against the array API, keeps its
 configuration out of the state (states hold arrays only) and reads no array value on the host when
-traced, so ``jax.jit`` and ``torch.compile`` trace it (eager, ``scale_by_adam`` reads its step counter,
-one scalar). Any optax transform obeys the same protocol and can be
-used instead.
+traced, so ``jax.jit`` and ``torch.compile`` trace it (eager, and only where
+:func:`geoarray.set_host_reads` allows it, ``scale_by_adam`` reads its step counter, one scalar).
+Any optax transform obeys the same protocol and can be used instead.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def scale_by_adam(
         # interpolation B + c·(g − B) with c = (1 − β)/(1 − βᵗ) (one fused pass on torch: lerp).
         # Eager: the step counter read to the host once (Python floats, instead of ten 0-d array
         # operations per step); traced: computed on the device, once per dtype and device
-        traced = _backend.is_traced(count)
+        traced = not _backend.host_reads_allowed(count)
         if not traced:
             t = int(count)
             host = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))

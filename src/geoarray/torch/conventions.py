@@ -65,8 +65,9 @@ def _check_flags(group: dict, name: str) -> None:
         )
     if group.get("capturable"):
         raise ValueError(
-            f"{name}(capturable=True) is not supported: the eager step reads the step counter and a finiteness "
-            "flag to the host, which CUDA graph capture forbids; leave capturable=False"
+            f"{name}(capturable=True) is not supported: on a GPU the step reads nothing to the host "
+            "(geoarray.set_host_reads), but it allocates its new state every step instead of updating fixed "
+            "buffers, and its capture in a CUDA graph has not been run on a GPU yet; leave capturable=False"
         )
     if group.get("differentiable"):
         raise ValueError(

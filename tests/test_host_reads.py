@@ -1,0 +1,302 @@
+"""Steps without host reads (#30): ``geoarray.set_host_reads("never")`` makes an eager step do on the CPU
+what it does on a GPU — no value read to the host, the non-finite policy a ``where``, the retraction a
+fixed amount of work — and its results equal the reading step's to rounding.
+
+Host reads are counted on torch with a dispatch mode that sees ``aten._local_scalar_dense``,
+``aten.item`` and ``aten.is_nonzero`` (every ``float(t)``, ``int(t)``, ``bool(t)`` and ``t.item()``
+goes through one of them); JAX is checked under ``jax.jit`` (no callback in the program, no transfer
+to the host while it runs). NumPy and array-api-strict have no device, so there the tests check the
+results of the fixed-work route, which is the one CuPy runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import assert_agree, to_numpy
+from geoarray import Grassmann, Stiefel, SymplecticStiefel, optim
+from geoarray.manifolds import retraction
+
+READS = {"_local_scalar_dense", "item", "is_nonzero"}
+
+
+@pytest.fixture
+def policy():
+    """Set a host reads policy for one test and restore the previous one afterwards."""
+    previous = geoarray.get_host_reads()
+    yield geoarray.set_host_reads
+    geoarray.set_host_reads(previous)
+
+
+def count_host_reads(fn):
+    """(reads, result) of ``fn()``: the torch operations that read a tensor to the host."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in READS:
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out = fn()
+    return len(seen), out
+
+
+# leaves an optimizer refuses: sections other than Householder's need Stiefel or Grassmann (BFGS's
+# default is "transported"), and manifold Muon takes matrices only
+DROP = {
+    "Adam-transported": ("symplectic",),
+    "Adam-rotated": ("symplectic",),
+    "BFGS": ("symplectic",),
+    "ManifoldMuon": ("b", "symplectic"),
+}
+
+
+def _problem(xp, device, dtype=None, drop=()):
+    """A tree with every manifold and a batched group: params, manifolds and a gradient function."""
+    St, Gr, Sp = Stiefel(12, 3), Grassmann(8, 2), SymplecticStiefel(6, 2)
+    kw = {"xp": xp, "device": device, "dtype": dtype}
+    params = {
+        "stiefel": St.random(0, **kw),
+        "heads": Stiefel(8, 2).random(1, batch_shape=(4,), **kw),
+        "grassmann": Gr.random(2, **kw),
+        "symplectic": Sp.random(3, **kw),
+        "w": geoarray.random.normal(4, (5, 3), **kw),
+        "b": geoarray.random.normal(5, (3,), **kw),
+    }
+    mans = {"stiefel": St, "heads": Stiefel(8, 2), "grassmann": Gr, "symplectic": Sp, "w": None, "b": None}
+    params = {k: v for k, v in params.items() if k not in drop}
+    mans = {k: v for k, v in mans.items() if k not in drop}
+    targets = optree.tree_map(lambda p: geoarray.random.normal(9, tuple(p.shape), **kw), params)
+
+    def grads(p):
+        return optree.tree_map(lambda a, t: a - t, p, targets)
+
+    return params, mans, grads
+
+
+def _optimizers():
+    return {
+        "Adam": lambda: optim.Adam(2e-2),
+        "Adam-transported": lambda: optim.Adam(2e-2, section="transported"),
+        "Adam-rotated": lambda: optim.Adam(2e-2, section="rotated"),
+        "Adam-cayley": lambda: optim.Adam(2e-2, retraction="cayley"),
+        "Momentum": lambda: optim.Momentum(2e-2),
+        "Gradient": lambda: optim.Gradient(2e-2),
+        "AdamWithDecay": lambda: optim.AdamWithDecay(50, lr_start=2e-2),
+        # BFGS at 2e-2 takes a step of ‖X‖₁ ≈ 164 on one head at its 3rd update (its inverse-Hessian
+        # estimate is poor that early), beyond the fixed route's reach of 16, so that step would be
+        # skipped without host reads (test_a_step_beyond_the_doubling_budget_is_skipped_and_counted)
+        "BFGS": lambda: optim.BFGS(2e-3),
+        "ManifoldMuon": lambda: optim.ManifoldMuon(2e-2),
+        "partition": lambda: optim.partition(
+            {"muon": optim.Muon(2e-2), "adam": optim.Adam(2e-2)},
+            {"stiefel": "adam", "heads": "adam", "grassmann": "adam", "symplectic": "adam", "w": "muon", "b": "adam"},
+        ),
+    }
+
+
+OPTIMIZERS = _optimizers()
+
+
+def _steps(opt, params, mans, grads, n):
+    state = opt.init(params, mans)
+    for _ in range(n):
+        params, state = opt.update(params, grads(params), state)
+    return params, state
+
+
+def test_the_policy_is_validated_and_restored(policy):
+    assert geoarray.get_host_reads() == "cpu"  # the default: reads only where they are free
+    with pytest.raises(ValueError, match=r"'never', 'cpu', 'always'.*got 'sometimes'"):
+        geoarray.set_host_reads("sometimes")
+    assert geoarray.get_host_reads() == "cpu"  # nothing changed by the refused call
+    assert policy("never") == "cpu"
+    assert geoarray.get_host_reads() == "never"
+    assert policy("always") == "never"
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_an_eager_torch_step_reads_nothing_to_the_host(backend, xp, device, policy, name, dtype_name):
+    """Zero host reads in an eager step (the first after init and a later one) for every optimizer,
+    section strategy and retraction, on every manifold, in float64 and float32; the default policy
+    reads on the CPU (so the count is known to see reads)."""
+    if backend.kind != "torch":
+        pytest.skip("host reads are counted with a torch dispatch mode; JAX is checked under jax.jit below")
+    dtype = getattr(xp, dtype_name)
+    params, mans, grads = _problem(xp, device, dtype, DROP.get(name, ()))
+    opt = OPTIMIZERS[name]()
+    state = opt.init(params, mans)
+    policy("always")
+    reads, _ = count_host_reads(lambda: opt.update(params, grads(params), state))
+    if name != "ManifoldMuon":  # Newton–Schulz and the Householder retraction decide nothing
+        assert reads > 0
+    policy("never")
+    for _ in range(2):
+        reads, (params, state) = count_host_reads(lambda: opt.update(params, grads(params), state))  # noqa: B023
+        assert reads == 0, f"{name}: {reads} host reads in one eager step"
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_without_host_reads_a_step_equals_the_step_with_them(backend, xp, device, policy, name):
+    """6 steps with fixed work equal 6 steps that read to the host, to AGREE_RTOL (float64: 1e-12): every
+    route of the retraction is accurate to unit roundoff; and the parameters moved."""
+    params, mans, grads = _problem(xp, device, drop=DROP.get(name, ()))
+    policy("always")
+    read, read_state = _steps(OPTIMIZERS[name](), params, mans, grads, 6)
+    policy("never")
+    fixed, fixed_state = _steps(OPTIMIZERS[name](), params, mans, grads, 6)
+    for a, b, p in zip(optree.tree_leaves(fixed), optree.tree_leaves(read), optree.tree_leaves(params), strict=True):
+        assert_agree(a, b)
+        assert float(np.max(np.abs(to_numpy(b) - to_numpy(p)))) > 1e-3
+    for a, b in zip(optree.tree_leaves(fixed_state), optree.tree_leaves(read_state), strict=True):
+        if np.issubdtype(to_numpy(b).dtype, np.integer):  # step counters
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        else:
+            assert_agree(a, b)
+
+
+def test_the_torch_adapter_steps_read_nothing_to_the_host(backend, xp, device, policy):
+    """geoarray.torch's optimizers (torch's Adam, AdamW, SGD with momentum, the paper's Adam, manifold
+    Muon and Muon) make no host read in ``step`` after the first (which builds the state) and equal
+    the reading steps to AGREE_RTOL after 3 steps."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch runs on the torch backend")
+    import torch
+
+    import geoarray.torch as gt
+
+    makers = {
+        "Adam": lambda ps: gt.Adam(ps, lr=1e-2),
+        "AdamW": lambda ps: gt.AdamW(ps, lr=1e-2),
+        "SGD": lambda ps: gt.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+        "PaperAdam": lambda ps: gt.PaperAdam(ps, lr=1e-2),
+        "ManifoldMuon": lambda ps: gt.ManifoldMuon(ps, lr=1e-2),
+        "Muon": lambda ps: gt.Muon(ps[1:], lr=1e-2),
+    }
+    M = Stiefel(20, 4)
+    for name, make in makers.items():
+        results = {}
+        for mode in ("always", "never"):
+            policy(mode)
+            W = gt.ManifoldParameter(M.random(0, xp=torch, device=device), M)
+            B = torch.nn.Parameter(geoarray.random.normal(1, (4, 3), xp=torch, device=device))
+            opt = make([W, B])
+            counts = []
+            for _ in range(3):
+                opt.zero_grad()
+                torch.sin(W @ B).sum().backward()
+                counts.append(count_host_reads(opt.step)[0])
+            if mode == "never":
+                # the first step builds the state, checking that each point is on its manifold
+                assert counts[1:] == [0, 0], f"{name}: host reads per step {counts}"
+            results[mode] = (W.detach().clone(), B.detach().clone())
+        for a, b in zip(results["never"], results["always"], strict=True):
+            assert_agree(a, b)
+
+
+def test_a_step_beyond_the_doubling_budget_is_skipped_and_counted(backend, xp, device, policy):
+    """Without host reads the retraction runs SYNC_FREE_DOUBLINGS doublings: a step that needs more comes
+    out non-finite, so the optimizer leaves parameters and state as they were (bit for bit) and counts
+    it in state.skipped; with reads the same step is taken and stays on the manifold (1e-10). JAX
+    chooses its work on the device (lax.switch, lax.fori_loop), so it takes the step either way."""
+    M = Stiefel(10, 3)
+    params = {"Y": M.random(0, xp=xp, device=device)}
+    huge = {"Y": geoarray.random.normal(1, (10, 3), xp=xp, device=device)}
+    opt = optim.Gradient(400.0)  # ‖X‖₁ ≈ 10³ ≫ 16, the budget's reach
+    for mode in ("always", "never"):
+        policy(mode)
+        state = opt.init(params, {"Y": M})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the masked step cannot warn: state.skipped says it
+            new, state = opt.update(params, huge, state)
+        skipped = mode == "never" and backend.kind != "jax"
+        assert int(state.skipped) == int(skipped) and int(state.step) == int(not skipped)
+        if skipped:
+            np.testing.assert_array_equal(to_numpy(new["Y"]), to_numpy(params["Y"]))
+        else:
+            assert M.is_point(new["Y"], atol=1e-10)
+            assert float(np.max(np.abs(to_numpy(new["Y"]) - to_numpy(params["Y"])))) > 0.1
+
+
+def test_a_non_finite_gradient_without_host_reads_is_skipped_and_counted(backend, xp, device, policy):
+    """A NaN gradient under "never": parameters and state unchanged bit for bit, state.skipped = 1, and no
+    warning (it would need a read); the next finite step goes on as if the bad one never came."""
+    params, mans, grads = _problem(xp, device)
+    policy("never")
+    opt = optim.Adam(2e-2)
+    state = opt.init(params, mans)
+    params, state = opt.update(params, grads(params), state)
+    bad = optree.tree_map(lambda g: g * float("nan"), grads(params))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same, skipped = opt.update(params, bad, state)
+    assert int(skipped.skipped) == 1 and int(skipped.step) == 1
+    for a, b in zip(optree.tree_leaves((same, skipped.inner)), optree.tree_leaves((params, state.inner)), strict=True):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    after, _ = opt.update(params, grads(params), skipped)
+    direct, _ = opt.update(params, grads(params), state)
+    for a, b in zip(optree.tree_leaves(after), optree.tree_leaves(direct), strict=True):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+@pytest.mark.parametrize("norm", [1e-3, 0.05, 0.5, 3.0, 12.0])
+def test_phi1_without_host_reads_equals_phi1_with_them(backend, xp, device, policy, norm):
+    """φ₁(X) by the fixed route (top Taylor rule, masked doublings) equals the chosen route to 1e-13
+    relative for ‖X‖₁ from 10⁻³ to 12 (up to 4 doublings), batched with mixed norms."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3, 6, 6))
+    X = X / np.abs(X).sum(axis=-2).max(axis=-1)[:, None, None] * np.array([norm, norm / 10, norm / 100])[:, None, None]
+    X = xp.asarray(X, device=device)
+    policy("always")
+    chosen = retraction.phi1(X, xp, 64)
+    policy("never")
+    fixed = retraction.phi1(X, xp, 64)
+    assert_agree(fixed, chosen, rtol=1e-13)
+
+
+def test_the_doubling_budget_is_the_documented_reach(backend, xp, device, policy):
+    """Without host reads φ₁ of ‖X‖₁ beyond 16·θ comes out NaN (torch, NumPy, array-api-strict; JAX and
+    the reading route give it finite)."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((6, 6))
+    X = xp.asarray(X / np.abs(X).sum(axis=0).max() * 100.0, device=device)
+    policy("never")
+    out = to_numpy(retraction.phi1(X, xp, 64))
+    assert np.isfinite(out).all() == (backend.kind == "jax")
+    policy("always")
+    assert np.isfinite(to_numpy(retraction.phi1(X, xp, 64))).all()
+    assert retraction.SYNC_FREE_DOUBLINGS == 4
+
+
+def test_a_jitted_jax_step_has_no_host_callback_and_no_transfer(backend, xp, device):
+    """jax.jit(opt.update) for Adam, BFGS, ManifoldMuon and partition: the traced program holds no
+    callback primitive, and a step runs under jax.transfer_guard("disallow") after compilation."""
+    if backend.kind != "jax":
+        pytest.skip("jax.jit exists only on the jax backend")
+    import jax
+
+    for name in ("Adam", "BFGS", "ManifoldMuon", "partition"):
+        params, mans, grads = _problem(xp, device, drop=DROP.get(name, ()))
+        opt = OPTIMIZERS[name]()
+        state = opt.init(params, mans)
+        g = grads(params)
+        jaxpr = str(jax.make_jaxpr(opt.update)(params, g, state))
+        for primitive in ("callback", "io_callback", "pure_callback", "debug_callback"):
+            assert primitive not in jaxpr, f"{name}: {primitive} in the jitted step"
+        step = jax.jit(opt.update)
+        jax.block_until_ready(step(params, g, state))  # compile outside the guard
+        with jax.transfer_guard("disallow"):
+            out = jax.block_until_ready(step(params, g, state))
+        moved = [float(np.max(np.abs(to_numpy(a) - to_numpy(b)))) for a, b in zip(
+            optree.tree_leaves(out[0]), optree.tree_leaves(params), strict=True)]  # fmt: skip
+        assert min(moved) > 1e-4, f"{name}: a jitted step left a leaf in place ({moved})"
