@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from .. import _backend, linalg
 from .._backend import array_namespace
 from .._backend import device as _device
-from ._symplectic import _rows, _sp_inv, _stack_rows
+from ._symplectic import rows, stack_rows, symplectic_inverse
 
 __all__ = [
     "DenseSection",
@@ -278,7 +278,7 @@ class SymplecticSection(NamedTuple):
     def apply_inv(self, X: Array) -> Array:
         """λ⁻¹X = 𝕁ᵀλᵀ𝕁X for X (..., 2N, k), in O(N·n·k)."""
         xp = array_namespace(X=X, Y=self.Y)
-        return _backend.compiled(_lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
+        return _backend.compiled(lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
 
     def to_dense(self) -> Array:
         """λ as a (..., 2N, 2N) array (tests and docs; O(N²) memory)."""
@@ -290,13 +290,13 @@ class SymplecticSection(NamedTuple):
 
 def _lam_apply(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
     N, r = X.shape[-2] // 2, core.shape[-1] // 2
-    Xc = core @ _rows(X, 0, r, xp)
-    Z = _stack_rows([Xc, _rows(X, r, N, xp)], xp) if r < N else Xc
+    Xc = core @ rows(X, 0, r, xp)
+    Z = stack_rows([Xc, rows(X, r, N, xp)], xp) if r < N else Xc
     return linalg.apply_q(V, T, Z)
 
 
-def _lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
+def lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
     N, r = X.shape[-2] // 2, core.shape[-1] // 2
     Z = linalg.apply_qt(V, T, X)
-    Zc = _sp_inv(core, xp) @ _rows(Z, 0, r, xp)
-    return _stack_rows([Zc, _rows(Z, r, N, xp)], xp) if r < N else Zc
+    Zc = symplectic_inverse(core, xp) @ rows(Z, 0, r, xp)
+    return stack_rows([Zc, rows(Z, r, N, xp)], xp) if r < N else Zc
