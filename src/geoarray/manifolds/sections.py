@@ -33,7 +33,6 @@ g^hor coordinates of a cache do, which is why the strategy is a visible choice.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from .. import _backend, linalg
@@ -177,31 +176,14 @@ class PackedHouseholderSection(NamedTuple):
 
 
 def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection:
-    """The Householder section of Y in the cheaper form for this backend and shape.
-
-    torch, eager, a batch of ≥ 16 frames with n ≤ 32: packed reflectors applied by ormqr (one call per
-    application); elsewhere the compact-WY form, whose products are faster for single large frames
-    (one 1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products) and which traces under
-    torch.compile and jax.jit. On JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n) take their reflectors
-    from :func:`geoarray.linalg.householder_of_orthonormal` instead of XLA's QR.
+    """The Householder section of Y in the cheaper form for this backend and shape
+    (:func:`geoarray._backend.householder_section_form` says which and why): packed reflectors applied
+    by ormqr, or the compact-WY form, with the reflectors from a QR or rebuilt from Y's orthonormality.
     """
-    xp = array_namespace(Y)
-    if _backend.is_torch(xp) and not _backend.is_compiling():
-        _backend.torch_geqrf_op()  # registered while eager, for a later torch.compile of the same step
-    if (
-        _backend.is_torch(xp)
-        and not _backend.is_compiling()
-        and Y.ndim >= 3
-        and math.prod(Y.shape[:-2]) >= 16
-        and Y.shape[-1] <= 32
-    ):
+    form = _backend.householder_section_form(tuple(Y.shape), array_namespace(Y))
+    if form == "packed":
         return PackedHouseholderSection.of(Y)
-    # JAX: XLA's CPU QR is slow for single tall frames (4096×128: 6.5 ms against 0.7 ms for a product of
-    # that size), the reconstruction's loop of n masked n×n updates for wide or batched ones (jitted, one
-    # thread: 4096×128 0.42× the QR's time, 1024×64 0.72×, 256×32 0.89×; 512×128 2.0×, 8 × 256×32 1.5×)
-    N, n = Y.shape[-2], Y.shape[-1]
-    reconstruct = _backend.is_jax(xp) and math.prod(Y.shape[:-2]) < 8 and n >= 32 and N >= 8 * n
-    return HouseholderSection.of(Y, reconstruct=reconstruct)
+    return HouseholderSection.of(Y, reconstruct=form == "reconstructed")
 
 
 def _concat_rows(blocks: tuple[Array, Array]) -> Array:
