@@ -40,6 +40,7 @@ import optree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _sets import stiefel_set
 from _timing import machine_info
 
 import geoarray
@@ -47,30 +48,6 @@ from geoarray import optim
 
 SETS = ("vit", "vit-leaves", "1024x64", "4096x128", "gpt2")
 ALL_SETS = (*SETS, "tiny")
-_SHAPES = {"vit": (49, 7, 336), "vit-leaves": (49, 7, 336), "gpt2": (768, 64, 432), "tiny": (16, 4, 8)}
-
-
-def weights(name: str, xp, dtype, device):
-    """params, manifolds and fixed gradients of a weight set on ``device``."""
-    if name in _SHAPES:
-        N, n, b = _SHAPES[name]
-        batch = (b,)
-    else:
-        (N, n), batch = map(int, name.split("x")), ()
-    M = geoarray.Stiefel(N, n)
-    Y = M.random(0, xp=xp, batch_shape=batch, dtype=dtype, device=device)
-    if name == "vit-leaves":
-        params, mans = {"W": [Y[i, ...] for i in range(b)]}, {"W": [M] * b}
-    else:
-        params, mans = {"W": Y}, {"W": M}
-    leaves, treedef = optree.tree_flatten(params)
-    grads = treedef.unflatten(
-        [
-            geoarray.random.normal(7 + i, tuple(p.shape), xp=xp, dtype=dtype, device=device, scale=1e-2)
-            for i, p in enumerate(leaves)
-        ]
-    )
-    return params, mans, grads
 
 
 def timed_rounds(fns: dict, sync, rounds: int, inner: int, warmup: int = 3) -> dict:
@@ -150,7 +127,7 @@ def bench_torch(name: str, args) -> dict:
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     xp = geoarray.as_namespace(torch)
-    params, mans, grads = weights(name, xp, torch.float32, device)
+    params, mans, grads = stiefel_set(name, xp, torch.float32, device)
     opt = optim.Adam(lr=1e-3)
     state = opt.init(params, mans)
     row = {"set": name, "backend": "torch", "device": str(device)}
@@ -201,7 +178,7 @@ def bench_jax(name: str, args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    params, mans, grads = weights(name, jnp, jnp.float32, None)
+    params, mans, grads = stiefel_set(name, jnp, jnp.float32)
     opt = optim.Adam(lr=1e-3)
     state = opt.init(params, mans)
     row = {"set": name, "backend": "jax", "device": str(jax.devices()[0])}

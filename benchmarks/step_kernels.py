@@ -29,6 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _sets import stiefel_set
 from _timing import interleaved_medians, load_namespace, machine_info
 
 import geoarray
@@ -54,18 +55,6 @@ KERNELS = frozenset(
         "mv",
     }
 )
-
-
-def weights(name: str, xp, dtype):
-    shapes = {"vit": (49, 7, (336,)), "tiny": (16, 4, (8,))}
-    if name in shapes:
-        N, n, batch = shapes[name]
-    else:
-        (N, n), batch = map(int, name.split("x")), ()
-    M = geoarray.Stiefel(N, n)
-    Y = M.random(0, xp=xp, batch_shape=batch, dtype=dtype)
-    G = geoarray.random.normal(7, tuple(Y.shape), xp=xp, dtype=dtype, scale=1e-2)
-    return {"W": Y}, {"W": M}, {"W": G}
 
 
 def _copy(x):
@@ -107,7 +96,7 @@ def bench(name: str, steps: int, host_reads: str) -> dict:
     import torch
 
     xp = load_namespace("torch")
-    params, manifolds, grads = weights(name, xp, torch.float32)
+    params, manifolds, grads = stiefel_set(name, xp, torch.float32)
     opt = optim.Adam(lr=1e-3)
     holder = [params, opt.init(params, manifolds)]
     previous = geoarray.set_host_reads(host_reads)
