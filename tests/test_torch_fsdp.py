@@ -1,0 +1,249 @@
+"""FSDP2 with geoarray.torch: ``geoarray.torch.fully_shard`` (torch's ``fully_shard``, manifolds kept).
+
+2 CPU processes (gloo), a model with a ``(8, 16, 4)`` stack of Stiefel frames (sharded along the
+stack: 4 whole frames per rank), a ``64×8`` Stiefel weight (sharded by rows: 32 rows per rank, so it
+is gathered for its step) and a plain ``8×6`` matrix, every parameter ``Shard(0)`` DTensors; each
+rank takes half of the batch. Properties, after 4 steps in float64:
+
+* the parameters gathered from the shards equal a single-process run of the same optimizer on the
+  whole batch to 1e-12 (the gradients are reduce-scattered means, which round differently), and
+  the Stiefel weights are points of their manifolds;
+* the optimizer state is sharded where the update allows it: rank r holds the state of frames
+  4r…4r+3 only, equal to those frames' state in the single process to 1e-12, and of its rows of
+  the plain matrix under the element-wise rules; the gathered 64×8 weight's state is whole and
+  bit-identical on both ranks (they computed the same update);
+* a per-rank ``state_dict`` resumed after 2 steps gives the same next 2 steps bit for bit;
+* a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
+  would leave the gathered weight with old and new rows mixed);
+* the README's FSDP2 example runs on 2 ranks and prints what it claims.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from _distributed import run_ranks
+
+N_STEPS = 4
+WORLD = 2
+TIMEOUT = 240.0  # seconds for one spawned run (imports of torch.distributed dominate)
+B, PER_RANK = 8, 4  # frames in the stack, frames per rank
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+# geoarray.torch class → constructor keywords; "Optimizer" wraps a core of its own (not known to separate)
+OPTIMIZERS = {
+    "Adam": {"lr": 0.02},
+    "PaperAdam": {"lr": 0.02},
+    "SGD": {"lr": 0.05, "momentum": 0.9},
+    "ManifoldMuon": {"lr": 0.02},
+    "Optimizer": {},
+}
+# rows of the plain matrix A in each rank's state: the element-wise rules keep their rows, Muon (whole
+# matrices) and a core of one's own (not known to separate) the whole matrix
+A_ROWS = {"Adam": 4, "PaperAdam": 4, "SGD": 4, "ManifoldMuon": 8, "Optimizer": 8}
+
+
+@pytest.fixture(autouse=True)
+def _torch_only(backend):
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+
+
+def _model():
+    import torch
+
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            M, S = ga.Stiefel(16, 4), ga.Stiefel(64, 8)
+            # FSDP2 takes contiguous parameters only (QR returns column-major frames)
+            self.F = gt.ManifoldParameter(M.random(1, xp=torch, batch_shape=(B,), dtype=torch.float64).contiguous(), M)
+            self.W = gt.ManifoldParameter(S.random(2, xp=torch, dtype=torch.float64).contiguous(), S)
+            g = torch.Generator().manual_seed(3)
+            self.A = torch.nn.Parameter(torch.randn(8, 6, generator=g, dtype=torch.float64))
+
+        def forward(self, x):
+            h = torch.einsum("bi,kin->bkn", x, self.F).reshape(x.shape[0], 4 * B)
+            return torch.tanh(torch.cat([h, h], 1) @ self.W) @ self.A
+
+    return Net()
+
+
+def _optimizer(name, params):
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    if name == "Optimizer":
+        return gt.Optimizer(params, ga.optim.Adam(lr=0.02))
+    return getattr(gt, name)(params, **OPTIMIZERS[name])
+
+
+def _batch():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 16, generator=g, dtype=torch.float64), torch.randn(8, 6, generator=g, dtype=torch.float64)
+
+
+def _train(opt, model, x, y, steps) -> None:
+    for _ in range(steps):
+        (model(x) - y).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _state(opt, p) -> dict:
+    """``opt.state[p]`` as plain tensors (horizontal elements as their fields), for torch.save."""
+    import optree
+
+    return {k: [t.clone() for t in optree.tree_leaves(v)] for k, v in opt.state[p].items() if k != "step"}
+
+
+def _init(rank: int, port: int):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    return init_device_mesh("cpu", (WORLD,))
+
+
+def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import geoarray.torch as gt
+
+    mesh = _init(rank, port)
+    try:
+        x, y = _batch()
+        x, y = x[rank * 4 : (rank + 1) * 4], y[rank * 4 : (rank + 1) * 4]
+        out = {}
+        for name in OPTIMIZERS:
+            model = gt.fully_shard(_model(), mesh=mesh)
+            opt = _optimizer(name, model.parameters())
+            _train(opt, model, x, y, N_STEPS)
+            out[name] = {
+                "params": {k: v.full_tensor() for k, v in model.state_dict().items()},
+                "local": {k: (tuple(p.to_local().shape),) for k, p in model.named_parameters()},
+                "state": {k: _state(opt, p) for k, p in model.named_parameters()},
+            }
+        # resume: 2 steps, a per-rank state_dict into a fresh model and optimizer, 2 more steps
+        model = gt.fully_shard(_model(), mesh=mesh)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _train(opt, model, x, y, 2)
+        saved_model, saved_opt = model.state_dict(), opt.state_dict()
+        resumed = gt.fully_shard(_model(), mesh=mesh)
+        resumed.load_state_dict(saved_model)
+        opt2 = gt.Adam(resumed.parameters(), lr=0.02)
+        opt2.load_state_dict(saved_opt)
+        _train(opt2, resumed, x, y, 2)
+        out["resumed"] = {k: v.full_tensor() for k, v in resumed.state_dict().items()}
+        out["manifolds"] = [repr(p.manifold) for p in resumed.parameters() if hasattr(p, "manifold")]
+        # a NaN in rank 0's shard of the frames' gradient only: every rank skips the step
+        model = gt.fully_shard(_model(), mesh=mesh)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _train(opt, model, x, y, 1)
+        out["before"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        (model(x) - y).square().mean().backward()
+        if rank == 0:
+            model.F.grad.to_local()[0, 0, 0] = float("nan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the core's NonFiniteGradientWarning
+            opt.step()
+        out["after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_path):
+    import optree
+    import torch
+
+    import geoarray
+
+    ranks = run_ranks(_fsdp_worker, tmp_path, WORLD, TIMEOUT, "FSDP2")
+    x, y = _batch()
+    for name in OPTIMIZERS:
+        model = _model()
+        opt = _optimizer(name, model.parameters())
+        _train(opt, model, x, y, N_STEPS)
+        single = {k: v.detach() for k, v in model.state_dict().items()}
+        start = _model().state_dict()
+        for rank, out in enumerate(ranks):
+            got = out[name]
+            for k in single:
+                torch.testing.assert_close(got["params"][k], single[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
+                assert not torch.equal(got["params"][k], start[k]), f"{name}: {k} did not train"
+            assert geoarray.Stiefel(64, 8).is_point(got["params"]["W"]), name
+            assert geoarray.Stiefel(16, 4).is_point(got["params"]["F"]), name
+            # the shards are FSDP2's Shard(0) chunks
+            assert got["local"]["F"][0] == (PER_RANK, 16, 4) and got["local"]["W"][0] == (32, 8), name
+            # rank r holds the state of its frames only, equal to theirs in the single process
+            ref_F = _state(opt, model.F)
+            assert ref_F, f"{name}: no state for the frames"
+            # (a core of one's own is not known to separate the frames: gathered, whole state)
+            n = PER_RANK if A_ROWS[name] == 4 or name == "ManifoldMuon" else B
+            frames = slice(rank * n, (rank + 1) * n) if n < B else slice(None)
+            for key, leaves in ref_F.items():
+                mine = got["state"]["F"][key]
+                for a, b in zip(mine, leaves, strict=True):
+                    assert a.shape[0] == n, f"{name}: {key} of the frames has {a.shape[0]} frames, expected {n}"
+                    torch.testing.assert_close(a, b[frames], rtol=0, atol=1e-12, msg=f"{name}: state {key}")
+            # the gathered weight's state is whole, and the same on every rank (the same computation)
+            for key, leaves in _state(opt, model.W).items():
+                for a, b, c in zip(got["state"]["W"][key], ranks[0][name]["state"]["W"][key], leaves, strict=True):
+                    assert torch.equal(a, b), f"{name}: the state {key} of W differs between ranks"
+                    torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of W")
+            # the plain matrix: its rows under element-wise rules, whole under Muon / an unknown core
+            rows = {leaf.shape[0] for leaf in optree.tree_leaves(got["state"]["A"])}
+            assert rows == {A_ROWS[name]}, f"{name}: state of A has rows {rows}, expected {A_ROWS[name]}"
+    # resume from a per-rank state_dict: the same computation, bit for bit
+    for out in ranks:
+        for k, v in out["resumed"].items():
+            assert torch.equal(v, out["Adam"]["params"][k]), f"resumed {k}"
+        for k, v in out["after"].items():
+            assert torch.equal(v, out["before"][k]), f"{k} changed in a step with a non-finite gradient on rank 0"
+        assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
+
+
+def _readme_block() -> str:
+    blocks = re.findall(r"```python\n(# runs in the fsdp session.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1, "README has one FSDP2 example"
+    return blocks[0]
+
+
+def _readme_worker(rank: int, port: int, out_dir: str) -> None:
+    import contextlib
+    import io
+
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_readme_block(), str(README), "exec"), {"__name__": "readme"})
+    torch.save({"printed": out.getvalue()}, f"{out_dir}/rank{rank}.pt")
+
+
+def test_readme_fsdp2_example_runs_on_two_ranks(tmp_path):
+    block = _readme_block()
+    claimed = [c.strip() for c in re.findall(r"^\s*print\(.*\)\s*#\s*(.+)$", block, flags=re.M)]
+    assert claimed
+    for out in run_ranks(_readme_worker, tmp_path, WORLD, TIMEOUT, "README FSDP2"):
+        printed = [line.strip() for line in out["printed"].splitlines() if line.strip()]
+        assert printed == claimed, f"the README's FSDP2 example prints {printed}, claims {claimed}"
