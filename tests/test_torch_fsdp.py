@@ -12,6 +12,8 @@ rank takes half of the batch. Properties, after 4 steps in float64:
   4r…4r+3 only, equal to those frames' state in the single process to 1e-12, and of its rows of
   the plain matrix under the element-wise rules; the gathered 64×8 weight's state is whole and
   bit-identical on both ranks (they computed the same update);
+* a step moves, per rank, the all-gathers of the gathered weights (and a 4-byte flag): nothing for
+  the frames (counted by benchmarks/sharded_step.py's counter of the collectives);
 * a per-rank ``state_dict`` resumed after 2 steps gives the same next 2 steps bit for bit;
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
   would leave the gathered weight with old and new rows mixed);
@@ -108,6 +110,17 @@ def _state(opt, p) -> dict:
     return {k: [t.clone() for t in optree.tree_leaves(v)] for k, v in opt.state[p].items() if k != "step"}
 
 
+def _comm_counter(world: int):
+    """benchmarks/sharded_step.py's counter of the bytes the collectives move per rank."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharded_step.py"
+    spec = importlib.util.spec_from_file_location("sharded_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._Comm(world)
+
+
 def _init(rank: int, port: int):
     import torch
     import torch.distributed as dist
@@ -134,8 +147,15 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         for name in OPTIMIZERS:
             model = gt.fully_shard(_model(), mesh=mesh)
             opt = _optimizer(name, model.parameters())
-            _train(opt, model, x, y, N_STEPS)
+            _train(opt, model, x, y, 1)  # the first step also gathers the weights to build the state
+            comm = _comm_counter(WORLD)
+            for _ in range(N_STEPS - 1):
+                (model(x) - y).square().mean().backward()
+                with comm:
+                    opt.step()
+                opt.zero_grad()
             out[name] = {
+                "step_bytes": comm.bytes / (N_STEPS - 1),
                 "params": {k: v.full_tensor() for k, v in model.state_dict().items()},
                 "local": {k: (tuple(p.to_local().shape),) for k, p in model.named_parameters()},
                 "state": {k: _state(opt, p) for k, p in model.named_parameters()},
@@ -152,6 +172,14 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         _train(opt2, resumed, x, y, 2)
         out["resumed"] = {k: v.full_tensor() for k, v in resumed.state_dict().items()}
         out["manifolds"] = [repr(p.manifold) for p in resumed.parameters() if hasattr(p, "manifold")]
+        # FSDP2's initialisation on the meta device: to_empty registers new parameters, which keep their manifolds
+        import geoarray as ga
+
+        meta = torch.nn.Module()
+        meta.F = gt.ManifoldParameter(torch.empty(B, 16, 4, device="meta"), ga.Stiefel(16, 4), check=False)
+        meta.W = gt.ManifoldParameter(torch.empty(64, 8, device="meta"), ga.Stiefel(64, 8), check=False)
+        gt.fully_shard(meta, mesh=mesh).to_empty(device="cpu")
+        out["meta_manifolds"] = [repr(p.manifold) for p in meta.parameters() if hasattr(p, "manifold")]
         # a NaN in rank 0's shard of the frames' gradient only: every rank skips the step
         model = gt.fully_shard(_model(), mesh=mesh)
         opt = gt.Adam(model.parameters(), lr=0.02)
@@ -211,12 +239,22 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             # the plain matrix: its rows under element-wise rules, whole under Muon / an unknown core
             rows = {leaf.shape[0] for leaf in optree.tree_leaves(got["state"]["A"])}
             assert rows == {A_ROWS[name]}, f"{name}: state of A has rows {rows}, expected {A_ROWS[name]}"
+        # the bytes a step moves per rank: all-gathers ((W−1)/W of weight and gradient) of the gathered
+        # parameters, and a 4-byte all-reduce (2(W−1)/W of it) of the finiteness flag where a rank steps
+        # its own shards — nothing for the frames
+        gathered = {"W"} | ({"A"} if name == "ManifoldMuon" else set()) | ({"A", "F"} if name == "Optimizer" else set())
+        w = WORLD
+        expected = sum(2 * (w - 1) / w * single[k].numel() * 8 for k in gathered)
+        expected += 2 * (w - 1) / w * 4 if name != "Optimizer" else 0
+        for out in ranks:
+            assert out[name]["step_bytes"] == expected, f"{name}: a step moved {out[name]['step_bytes']} bytes"
     # resume from a per-rank state_dict: the same computation, bit for bit
     for out in ranks:
         for k, v in out["resumed"].items():
             assert torch.equal(v, out["Adam"]["params"][k]), f"resumed {k}"
         for k, v in out["after"].items():
             assert torch.equal(v, out["before"][k]), f"{k} changed in a step with a non-finite gradient on rank 0"
+        assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
         assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
 
 

@@ -28,7 +28,9 @@ its shard depends on *where* the cut is:
 
 ``fully_shard`` below is torch's with the manifolds kept: FSDP2 builds new ``nn.Parameter`` objects,
 dropping the :class:`~geoarray.torch.ManifoldParameter` class and its ``manifold``, which it puts
-back on the sharded parameters (a parameter without it would take Euclidean steps off the manifold).
+back on the sharded parameters (a parameter without it would take Euclidean steps off the manifold),
+also after ``module.to_empty(device=...)`` (FSDP2's initialisation on the meta device), which
+registers new parameter objects.
 """
 
 from __future__ import annotations
@@ -63,11 +65,30 @@ def fully_shard(module: Any, **kwargs: Any) -> Any:
         if isinstance(p, ManifoldParameter) and manifold_of(p) is not None
     ]
     out = torch_fully_shard(module, **kwargs)
-    for owner, name, manifold in found:
-        p = owner._parameters[name]
-        if getattr(p, "manifold", None) is None:
-            p.manifold = manifold
+    _attach(found)
+    for m in modules:
+        # module.to_empty() / .to() after sharding (FSDP2's meta-device initialisation) registers new
+        # parameter objects: give them the manifolds again
+        _reattach_after_apply(m, found)
     return out
+
+
+def _attach(found: list) -> None:
+    for owner, name, manifold in found:
+        p = owner._parameters.get(name)
+        if p is not None and getattr(p, "manifold", None) is None:
+            p.manifold = manifold
+
+
+def _reattach_after_apply(module: Any, found: list) -> None:
+    original = module._apply  # FSDP2's: reshards, converts, re-pads the shards
+
+    def _apply(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        _attach(found)
+        return out
+
+    object.__setattr__(module, "_apply", _apply)
 
 
 def _dtensor_type() -> Any:
