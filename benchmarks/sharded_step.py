@@ -10,18 +10,19 @@ which creates the optimizer state). Sets (``--sets``):
   Training Transformers*): 16 layers, each a ``(21, 49, 7)`` stack of Stiefel(49, 7) Q/K/V frames (7
   heads × 3) and a 49×49 feed-forward matrix; the stacks are cut between frames (local step);
 * ``gpt``: GPT-2-small-sized Stiefel Q/K/V: 12 layers, each a ``(36, 768, 64)`` stack (12 heads × 3);
-* ``gpt-tall``: the same 432 frames as separate ``768×64`` parameters, cut by rows: gathered for the
-  step (all-gather of weight and gradient).
+* ``gpt-tall``: the same 432 frames as separate ``768×64`` parameters, cut by rows: each is gathered
+  to its owner rank for the step and scattered back (the owners spread over the ranks).
 
 Printed per set, rank count and optimizer (one fresh process group per row):
 
 * ``step comm``: bytes received per rank in ``opt.step()``, per step; ``fwd+bwd comm``: the same for
   FSDP2's forward and backward (its all-gathers and reduce-scatters, equal for both optimizers). Every
   collective is intercepted (a ``TorchDispatchMode`` on the ``c10d`` and ``_c10d_functional`` ops) and
-  counted as a ring algorithm moves it: all-gather (W−1)/W of the output, reduce-scatter (W−1)/W of the
-  input, all-reduce 2(W−1)/W of the tensor, per rank;
+  counted as the bytes this rank receives, a ring algorithm for the symmetric ones: all-gather (W−1)/W
+  of the output, reduce-scatter (W−1)/W of the input, all-reduce 2(W−1)/W of the tensor; gather: the
+  root (W−1) chunks, scatter: each other rank its chunk;
 * ``state``: optimizer-state bytes held by each rank (max over ranks; the tensors of
-  ``opt.state_dict()``);
+  ``opt.state_dict()``); the comm columns are the max over ranks too;
 * ``peak``: growth of the process's peak resident memory (``ru_maxrss``) from after initialisation to
   after the steps, max over ranks: what forward, backward and step added at their peak;
 * ``step ms``: median ``opt.step()`` time — indicative only on a shared 2-core machine (ranks share it).
@@ -74,6 +75,13 @@ class _Comm:
         if func.namespace not in ("c10d", "_c10d_functional"):
             return
         name, w = func.__name__.split(".")[0], self.world
+        if name in ("gather_", "scatter_"):  # (outputs, inputs, ...): nested lists, filled on one side only
+            outputs, inputs = _tensors(args[0]), _tensors(args[1])
+            if name == "gather_" and outputs:  # the root receives the other ranks' chunks
+                self.bytes += (len(outputs) - 1) * outputs[0].numel() * outputs[0].element_size()
+            elif name == "scatter_" and not inputs:  # a non-root receives its chunk
+                self.bytes += sum(t.numel() * t.element_size() for t in outputs)
+            return
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
         if not tensors or w == 1:
@@ -95,6 +103,14 @@ class _Comm:
 
     def __exit__(self, *exc):
         self.mode.__exit__(*exc)
+
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
 
 
 def _model(kind: str, dtype: torch.dtype):

@@ -46,9 +46,16 @@ OPTIMIZERS = {
     "ManifoldMuon": {"lr": 0.02},
     "Optimizer": {},
 }
-# rows of the plain matrix A in each rank's state: the element-wise rules keep their rows, Muon (whole
-# matrices) and a core of one's own (not known to separate) the whole matrix
-A_ROWS = {"Adam": 4, "PaperAdam": 4, "SGD": 4, "ManifoldMuon": 8, "Optimizer": 8}
+# where each parameter cut inside a matrix is stepped: the rank that owns it (the least loaded in the
+# order of the parameters: W, the first, on rank 0; then A, under Muon, on rank 1), or on every rank
+# ("all": a core of one's own, not known to treat parameters independently, gathers everything)
+OWNERS = {
+    "Adam": {"W": 0},
+    "PaperAdam": {"W": 0},
+    "SGD": {"W": 0},
+    "ManifoldMuon": {"W": 0, "A": 1},
+    "Optimizer": {"F": "all", "W": "all", "A": "all"},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -224,30 +231,51 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             ref_F = _state(opt, model.F)
             assert ref_F, f"{name}: no state for the frames"
             # (a core of one's own is not known to separate the frames: gathered, whole state)
-            n = PER_RANK if A_ROWS[name] == 4 or name == "ManifoldMuon" else B
+            n = B if name == "Optimizer" else PER_RANK
             frames = slice(rank * n, (rank + 1) * n) if n < B else slice(None)
             for key, leaves in ref_F.items():
                 mine = got["state"]["F"][key]
                 for a, b in zip(mine, leaves, strict=True):
                     assert a.shape[0] == n, f"{name}: {key} of the frames has {a.shape[0]} frames, expected {n}"
                     torch.testing.assert_close(a, b[frames], rtol=0, atol=1e-12, msg=f"{name}: state {key}")
-            # the gathered weight's state is whole, and the same on every rank (the same computation)
-            for key, leaves in _state(opt, model.W).items():
-                for a, b, c in zip(got["state"]["W"][key], ranks[0][name]["state"]["W"][key], leaves, strict=True):
-                    assert torch.equal(a, b), f"{name}: the state {key} of W differs between ranks"
-                    torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of W")
-            # the plain matrix: its rows under element-wise rules, whole under Muon / an unknown core
-            rows = {leaf.shape[0] for leaf in optree.tree_leaves(got["state"]["A"])}
-            assert rows == {A_ROWS[name]}, f"{name}: state of A has rows {rows}, expected {A_ROWS[name]}"
-        # the bytes a step moves per rank: all-gathers ((W−1)/W of weight and gradient) of the gathered
-        # parameters, and a 4-byte all-reduce (2(W−1)/W of it) of the finiteness flag where a rank steps
-        # its own shards — nothing for the frames
-        gathered = {"W"} | ({"A"} if name == "ManifoldMuon" else set()) | ({"A", "F"} if name == "Optimizer" else set())
+            # a weight cut inside a matrix: its owner holds its whole state, equal to the single process's;
+            # the other rank an empty batch. An unknown core: whole on every rank, bit-identical
+            for k in ("W", "A"):
+                owner = OWNERS[name].get(k)
+                ref = _state(opt, getattr(model, k))
+                for key, leaves in ref.items() if owner is not None else ():
+                    for a, c in zip(got["state"][k][key], leaves, strict=True):
+                        if owner == "all":
+                            torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of {k}")
+                        elif owner == rank:
+                            torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of {k}")
+                        else:
+                            assert a.numel() == 0, f"{name}: rank {rank} holds state {key} of {k}, owned by {owner}"
+            if name == "Optimizer":
+                for k in ("F", "W", "A"):
+                    for key, leaves in got["state"][k].items():
+                        for a, b in zip(leaves, ranks[0][name]["state"][k][key], strict=True):
+                            assert torch.equal(a, b), f"{name}: the state {key} of {k} differs between ranks"
+            # the plain matrix under element-wise rules: the state of this rank's rows
+            if OWNERS[name].get("A") is None:
+                rows = {leaf.shape[0] for leaf in optree.tree_leaves(got["state"]["A"])}
+                assert rows == {4}, f"{name}: state of A has rows {rows}, expected 4"
+        # the bytes a step moves to each rank: for a matrix of S bytes owned by rank o, o receives (W−1)/W of
+        # weight and gradient (gather), every other rank its 1/W of the new value (scatter); parameters
+        # gathered on every rank: (W−1)/W of weight and gradient (all-gather); where a rank steps its own
+        # parts, the 4-byte finiteness flag (all-reduce: 2(W−1)/W of it) — nothing for the frames
         w = WORLD
-        expected = sum(2 * (w - 1) / w * single[k].numel() * 8 for k in gathered)
-        expected += 2 * (w - 1) / w * 4 if name != "Optimizer" else 0
-        for out in ranks:
-            assert out[name]["step_bytes"] == expected, f"{name}: a step moved {out[name]['step_bytes']} bytes"
+        for rank, out in enumerate(ranks):
+            expected = 0.0
+            for k, owner in OWNERS[name].items():
+                size = single[k].numel() * 8
+                if owner == "all":
+                    expected += 2 * (w - 1) / w * size
+                else:
+                    expected += 2 * (w - 1) / w * size if owner == rank else size / w
+            expected += 2 * (w - 1) / w * 4 if name != "Optimizer" else 0
+            got = out[name]["step_bytes"]
+            assert got == expected, f"{name}: a step moved {got} bytes to rank {rank}, expected {expected}"
     # resume from a per-rank state_dict: the same computation, bit for bit
     for out in ranks:
         for k, v in out["resumed"].items():
