@@ -1,22 +1,26 @@
 """FSDP2 with geoarray.torch: ``geoarray.torch.fully_shard`` (torch's ``fully_shard``, manifolds kept).
 
 2 CPU processes (gloo), a model with a ``(8, 16, 4)`` stack of Stiefel frames (sharded along the
-stack: 4 whole frames per rank), a ``64×8`` Stiefel weight (sharded by rows: 32 rows per rank, so it
-is gathered for its step) and a plain ``8×6`` matrix, every parameter ``Shard(0)`` DTensors; each
-rank takes half of the batch. Properties, after 4 steps in float64:
+stack: 4 whole frames per rank, stepped where they are), a ``64×8`` Stiefel weight (sharded by rows:
+32 rows per rank, so it is gathered to its owner rank for its step) and a plain ``8×6`` matrix, every
+parameter a ``Shard(0)`` DTensor; each rank takes half of the batch. Properties, after 4 steps in float64,
+for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimizer`` around a core:
 
 * the parameters gathered from the shards equal a single-process run of the same optimizer on the
   whole batch to 1e-12 (the gradients are reduce-scattered means, which round differently), and
   the Stiefel weights are points of their manifolds;
 * the optimizer state is sharded where the update allows it: rank r holds the state of frames
   4r…4r+3 only, equal to those frames' state in the single process to 1e-12, and of its rows of
-  the plain matrix under the element-wise rules; the gathered 64×8 weight's state is whole and
-  bit-identical on both ranks (they computed the same update);
-* a step moves, per rank, the all-gathers of the gathered weights (and a 4-byte flag): nothing for
-  the frames (counted by benchmarks/sharded_step.py's counter of the collectives);
+  the plain matrix under the element-wise rules; the 64×8 weight's state (and, under Muon, the
+  plain matrix's) lives on its owner only, equal to the single process's; a core of one's own gets
+  everything gathered on every rank, its state whole and bit-identical on both;
+* the bytes a step moves to each rank are exactly the gathers and scatters of the owned matrices (and
+  a 4-byte flag): nothing for the frames (counted by benchmarks/sharded_step.py's counter of the
+  collectives);
 * a per-rank ``state_dict`` resumed after 2 steps gives the same next 2 steps bit for bit;
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
-  would leave the gathered weight with old and new rows mixed);
+  would leave the model's parts at different steps);
+* FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
 * the README's FSDP2 example runs on 2 ranks and prints what it claims.
 """
 

@@ -74,8 +74,8 @@ def make_train_step(
         parameters' shardings through the update — found by compiling the update once, here — so a
         stack cut between its frames keeps each device's frames and their state on that device and
         the step gathers neither (tests/test_jax_fsdp.py reads the collectives from the compiled
-        step: scalar all-reduces only); a weight cut inside a matrix is gathered where the update
-        needs it whole, by the collectives XLA inserts. Put ``params`` on the mesh with
+        step's HLO: none returns the frames or their state); a weight cut inside a matrix is
+        all-gathered where the update needs it whole, by the collectives XLA inserts. Put ``params`` on the mesh with
         ``jax.device_put(params, {k: NamedSharding(mesh, spec), ...})``; the returned state is
         already there.
     state

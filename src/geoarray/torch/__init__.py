@@ -41,10 +41,10 @@ weights (2 gloo processes: ranks bit-identical, equal to one process to 1e-12; t
 :func:`fully_shard` (torch's ``fully_shard``, keeping each ManifoldParameter's manifold, which torch's
 drops). A stack of frames sharded along its batch axis is stepped frame by frame on the rank that holds
 it, with its state there and no communication; a weight cut inside a matrix (a tall Stiefel weight by
-rows; a Euclidean matrix under Muon; everything under a core of your own) is gathered, stepped whole on
-every rank and written back shard by shard, its state replicated (:mod:`._dtensor`). Equal to one
-process to 1e-12 in float64. A sharded ``state_dict`` holds this rank's state: resume it on the same
-world size. Tensor parallelism with other placements goes the same way (cuts between points local,
+rows; a Euclidean matrix under Muon) is gathered to an owner rank, stepped whole there with its state,
+and scattered back; under a core of your own everything is gathered on every rank (:mod:`._dtensor`).
+Equal to one process to 1e-12 in float64. A sharded ``state_dict`` holds this rank's state: resume it
+on the same world size. Tensor parallelism with other placements goes the same way (cuts between points local,
 cuts inside gathered) but is untested.
 """
 
