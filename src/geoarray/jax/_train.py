@@ -22,6 +22,7 @@ def make_train_step(
     has_aux: bool = False,
     mesh: Any = None,
     batch_axis: str | None = None,
+    param_sharding: Any = None,
     donate: bool = False,
     state: Any = None,
 ) -> tuple[Callable[[Any, Any, Any], tuple[Any, Any, Any]], Any]:
@@ -64,9 +65,19 @@ def make_train_step(
         already replicated; put ``params`` there with ``jax.device_put(params,
         NamedSharding(mesh, PartitionSpec()))``. Every device then computes the same update from the
         same reduced gradient (the default Householder section is deterministic), so replicas never
-        diverge. Sharded parameters (FSDP-style, tensor parallelism) are not offered here; under the
-        caller's own ``jax.jit``, a weight sharded by rows gets the unsharded update (GSPMD; tested in
-        ``tests/test_jax_sharding.py``), with the communication the retraction needs inserted by XLA.
+        diverge.
+    param_sharding
+        With ``mesh``: shard the parameters instead of replicating them (FSDP-style) — a tree like
+        ``params`` with a ``jax.sharding.PartitionSpec`` (or None: replicated) at every leaf, e.g.
+        ``PartitionSpec("data")`` for a stack of frames ``(B, N, n)`` cut along ``B`` or a weight cut
+        by rows. The optimizer state is sharded the way XLA's sharding propagation (GSPMD) carries the
+        parameters' shardings through the update — found by compiling the update once, here — so a
+        stack cut between its frames keeps each device's frames and their state on that device and
+        the step gathers neither (tests/test_jax_fsdp.py reads the collectives from the compiled
+        step's HLO: none returns the frames or their state); a weight cut inside a matrix is
+        all-gathered where the update needs it whole, by the collectives XLA inserts. Put ``params`` on the mesh with
+        ``jax.device_put(params, {k: NamedSharding(mesh, spec), ...})``; the returned state is
+        already there.
     state
         To resume: an optimizer state saved from an earlier step (e.g. restored from a checkpoint).
         It is checked against the state ``params`` would get (tree structure, shapes and dtypes;
@@ -95,6 +106,10 @@ def make_train_step(
             new, state = opt.update(flat_p, flat_g, state)
             return unflatten(treedef, paths, new), state, value
 
+        def update_like(params: Any, state: Any) -> Any:  # the update alone, gradients like params
+            flat_p = flatten(params, "params")[0]
+            return opt.update(flat_p, flat_p, state)[1]
+
     elif callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
         if manifolds is not None:
             raise ValueError(
@@ -112,6 +127,9 @@ def make_train_step(
             updates, state = tx.update(grads, state, params)
             return apply_updates(params, updates, state), state, value
 
+        def update_like(params: Any, state: Any) -> Any:
+            return tx.update(params, state, params)[1]
+
     else:
         raise TypeError(
             "optimizer must be a geoarray optimizer (geoarray.optim.Adam(...)) or an optax transformation "
@@ -124,6 +142,8 @@ def make_train_step(
         # take a buffer donated twice: give every leaf its own
         state = jax.tree_util.tree_map(lambda a: jax.numpy.array(a, copy=True), state)
     if mesh is None:
+        if param_sharding is not None:
+            raise ValueError("param_sharding shards the parameters over a mesh: pass mesh=jax.sharding.Mesh(...) too")
         return jax.jit(step, donate_argnums=donate_argnums), state
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -134,14 +154,58 @@ def make_train_step(
         raise ValueError(f"batch_axis must be one of the mesh's axes {mesh.axis_names}, got {batch_axis!r}")
     replicated = NamedSharding(mesh, PartitionSpec())
     split = NamedSharding(mesh, PartitionSpec(axis))
-    state = jax.device_put(state, replicated)
+    if param_sharding is None:
+        p_shardings, s_shardings = replicated, replicated
+    else:
+        p_shardings = _param_shardings(mesh, param_sharding, params)
+        s_shardings = _state_shardings(update_like, params, state, p_shardings, replicated)
+    state = jax.device_put(state, s_shardings)
     jitted = jax.jit(
         step,
-        in_shardings=(replicated, replicated, split),
-        out_shardings=(replicated, replicated, replicated),
+        in_shardings=(p_shardings, s_shardings, split),
+        out_shardings=(p_shardings, s_shardings, replicated),
         donate_argnums=donate_argnums,
     )
     return jitted, state
+
+
+def _param_shardings(mesh: Any, specs: Any, params: Any) -> Any:
+    """``NamedSharding`` s for ``params`` from a tree of PartitionSpecs (None: replicated)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    is_spec = lambda x: x is None or isinstance(x, PartitionSpec)  # noqa: E731
+    try:
+        return jax.tree_util.tree_map(
+            lambda spec, _: NamedSharding(mesh, PartitionSpec() if spec is None else spec),
+            specs,
+            params,
+            is_leaf=is_spec,
+        )
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            "param_sharding must be a tree like params with a jax.sharding.PartitionSpec (or None) at every "
+            f"leaf: {exc}"
+        ) from None
+
+
+def _state_shardings(update_like: Callable[[Any, Any], Any], params: Any, state: Any, p_shardings: Any,
+                     replicated: Any) -> Any:  # fmt: skip
+    """The optimizer state's shardings as XLA propagates the parameters' through one update (the
+    update compiled once with abstract arguments, the gradients shaped and sharded like the
+    parameters); leaves it leaves unsharded are replicated."""
+    abstract = lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)  # noqa: E731
+    p_abs = jax.tree_util.tree_map(abstract, params, p_shardings)
+    s_abs = jax.tree_util.tree_map(lambda a: abstract(a, replicated), state)
+    compiled = jax.jit(update_like, in_shardings=(p_shardings, replicated)).lower(p_abs, s_abs).compile()
+    out = compiled.output_shardings
+    from jax.sharding import NamedSharding
+
+    mesh = replicated.mesh
+    return jax.tree_util.tree_map(
+        lambda sh: NamedSharding(mesh, sh.spec) if isinstance(sh, NamedSharding) else replicated,
+        out,
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
 
 
 def _initial_state(init: Callable[[Any], Any], params: Any, given: Any) -> Any:

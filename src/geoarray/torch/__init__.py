@@ -37,20 +37,21 @@ from ``seed``, step and group, so give every rank the same ``seed`` (the default
 lr=...)`` under DDP gives each rank whole parameters and their state, and broadcasts the updated
 weights (2 gloo processes: ranks bit-identical, equal to one process to 1e-12; tests/test_torch_zero.py).
 
-**FSDP and tensor parallelism are not tested and, with sharded manifold weights, do not work.** A
-manifold update couples all entries of a weight (the Stiefel retraction needs the whole N×n matrix:
-its QR-based section and the n×n and 2n×2n blocks of eq. 21), whereas FSDP (``fully_shard`` /
-``FullyShardedDataParallel``) and tensor parallelism (DTensor) hand the optimizer a shard per rank;
-the core is not written for DTensor and would either fail or update each shard as a separate,
-wrong matrix. What should work, untested: keep manifold weights unsharded (FSDP's ``ignored_params``,
-or ``ShardingStrategy.NO_SHARD``, which behaves like DDP) and shard only Euclidean weights, which
-take the ordinary elementwise update. Gradient accumulation and ``no_sync`` are plain DDP features
-and are unaffected.
+**FSDP2 works and is tested** (``tests/test_torch_fsdp.py``, 2 gloo processes): shard with
+:func:`fully_shard` (torch's ``fully_shard``, keeping each ManifoldParameter's manifold, which torch's
+drops). A stack of frames sharded along its batch axis is stepped frame by frame on the rank that holds
+it, with its state there and no communication; a weight cut inside a matrix (a tall Stiefel weight by
+rows; a Euclidean matrix under Muon) is gathered to an owner rank, stepped whole there with its state,
+and scattered back; under a core of your own everything is gathered on every rank (:mod:`._dtensor`).
+Equal to one process to 1e-12 in float64. A sharded ``state_dict`` holds this rank's state: resume it
+on the same world size. Tensor parallelism with other placements goes the same way (cuts between points local,
+cuts inside gathered) but is untested.
 """
 
 from __future__ import annotations
 
 from . import nn
+from ._dtensor import fully_shard
 from .constraints import orthogonal_
 from .optim import (
     SGD,
@@ -80,6 +81,7 @@ __all__ = [
     "Muon",
     "Optimizer",
     "PaperAdam",
+    "fully_shard",
     "manifold_of",
     "nearest_point",
     "nn",

@@ -1,0 +1,319 @@
+"""FSDP2 with geoarray.torch: ``geoarray.torch.fully_shard`` (torch's ``fully_shard``, manifolds kept).
+
+2 CPU processes (gloo), a model with a ``(8, 16, 4)`` stack of Stiefel frames (sharded along the
+stack: 4 whole frames per rank, stepped where they are), a ``64×8`` Stiefel weight (sharded by rows:
+32 rows per rank, so it is gathered to its owner rank for its step) and a plain ``8×6`` matrix, every
+parameter a ``Shard(0)`` DTensor; each rank takes half of the batch. Properties, after 4 steps in float64,
+for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimizer`` around a core:
+
+* the parameters gathered from the shards equal a single-process run of the same optimizer on the
+  whole batch to 1e-12 (the gradients are reduce-scattered means, which round differently), and
+  the Stiefel weights are points of their manifolds;
+* the optimizer state is sharded where the update allows it: rank r holds the state of frames
+  4r…4r+3 only, equal to those frames' state in the single process to 1e-12, and of its rows of
+  the plain matrix under the element-wise rules; the 64×8 weight's state (and, under Muon, the
+  plain matrix's) lives on its owner only, equal to the single process's; a core of one's own gets
+  everything gathered on every rank, its state whole and bit-identical on both;
+* the bytes a step moves to each rank are exactly the gathers and scatters of the owned matrices (and
+  a 4-byte flag): nothing for the frames (counted by benchmarks/sharded_step.py's counter of the
+  collectives);
+* a per-rank ``state_dict`` resumed after 2 steps gives the same next 2 steps bit for bit;
+* a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
+  would leave the model's parts at different steps);
+* FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
+* the README's FSDP2 example runs on 2 ranks and prints what it claims.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from _distributed import run_ranks
+
+N_STEPS = 4
+WORLD = 2
+TIMEOUT = 240.0  # seconds for one spawned run (imports of torch.distributed dominate)
+B, PER_RANK = 8, 4  # frames in the stack, frames per rank
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+# geoarray.torch class → constructor keywords; "Optimizer" wraps a core of its own (not known to separate)
+OPTIMIZERS = {
+    "Adam": {"lr": 0.02},
+    "PaperAdam": {"lr": 0.02},
+    "SGD": {"lr": 0.05, "momentum": 0.9},
+    "ManifoldMuon": {"lr": 0.02},
+    "Optimizer": {},
+}
+# where each parameter cut inside a matrix is stepped: the rank that owns it (the least loaded in the
+# order of the parameters: W, the first, on rank 0; then A, under Muon, on rank 1), or on every rank
+# ("all": a core of one's own, not known to treat parameters independently, gathers everything)
+OWNERS = {
+    "Adam": {"W": 0},
+    "PaperAdam": {"W": 0},
+    "SGD": {"W": 0},
+    "ManifoldMuon": {"W": 0, "A": 1},
+    "Optimizer": {"F": "all", "W": "all", "A": "all"},
+}
+
+
+@pytest.fixture(autouse=True)
+def _torch_only(backend):
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+
+
+def _model():
+    import torch
+
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            M, S = ga.Stiefel(16, 4), ga.Stiefel(64, 8)
+            # FSDP2 takes contiguous parameters only (QR returns column-major frames)
+            self.F = gt.ManifoldParameter(M.random(1, xp=torch, batch_shape=(B,), dtype=torch.float64).contiguous(), M)
+            self.W = gt.ManifoldParameter(S.random(2, xp=torch, dtype=torch.float64).contiguous(), S)
+            g = torch.Generator().manual_seed(3)
+            self.A = torch.nn.Parameter(torch.randn(8, 6, generator=g, dtype=torch.float64))
+
+        def forward(self, x):
+            h = torch.einsum("bi,kin->bkn", x, self.F).reshape(x.shape[0], 4 * B)
+            return torch.tanh(torch.cat([h, h], 1) @ self.W) @ self.A
+
+    return Net()
+
+
+def _optimizer(name, params):
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    if name == "Optimizer":
+        return gt.Optimizer(params, ga.optim.Adam(lr=0.02))
+    return getattr(gt, name)(params, **OPTIMIZERS[name])
+
+
+def _batch():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 16, generator=g, dtype=torch.float64), torch.randn(8, 6, generator=g, dtype=torch.float64)
+
+
+def _train(opt, model, x, y, steps) -> None:
+    for _ in range(steps):
+        (model(x) - y).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _state(opt, p) -> dict:
+    """``opt.state[p]`` as plain tensors (horizontal elements as their fields), for torch.save."""
+    import optree
+
+    return {k: [t.clone() for t in optree.tree_leaves(v)] for k, v in opt.state[p].items() if k != "step"}
+
+
+def _comm_counter(world: int):
+    """benchmarks/sharded_step.py's counter of the bytes the collectives move per rank."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharded_step.py"
+    spec = importlib.util.spec_from_file_location("sharded_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._Comm(world)
+
+
+def _init(rank: int, port: int):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    return init_device_mesh("cpu", (WORLD,))
+
+
+def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import geoarray.torch as gt
+
+    mesh = _init(rank, port)
+    try:
+        x, y = _batch()
+        x, y = x[rank * 4 : (rank + 1) * 4], y[rank * 4 : (rank + 1) * 4]
+        out = {}
+        for name in OPTIMIZERS:
+            model = gt.fully_shard(_model(), mesh=mesh)
+            opt = _optimizer(name, model.parameters())
+            _train(opt, model, x, y, 1)  # the first step also gathers the weights to build the state
+            comm = _comm_counter(WORLD)
+            for _ in range(N_STEPS - 1):
+                (model(x) - y).square().mean().backward()
+                with comm:
+                    opt.step()
+                opt.zero_grad()
+            out[name] = {
+                "step_bytes": comm.bytes / (N_STEPS - 1),
+                "params": {k: v.full_tensor() for k, v in model.state_dict().items()},
+                "local": {k: (tuple(p.to_local().shape),) for k, p in model.named_parameters()},
+                "state": {k: _state(opt, p) for k, p in model.named_parameters()},
+            }
+        # resume: 2 steps, a per-rank state_dict into a fresh model and optimizer, 2 more steps
+        model = gt.fully_shard(_model(), mesh=mesh)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _train(opt, model, x, y, 2)
+        saved_model, saved_opt = model.state_dict(), opt.state_dict()
+        resumed = gt.fully_shard(_model(), mesh=mesh)
+        resumed.load_state_dict(saved_model)
+        opt2 = gt.Adam(resumed.parameters(), lr=0.02)
+        opt2.load_state_dict(saved_opt)
+        _train(opt2, resumed, x, y, 2)
+        out["resumed"] = {k: v.full_tensor() for k, v in resumed.state_dict().items()}
+        out["manifolds"] = [repr(p.manifold) for p in resumed.parameters() if hasattr(p, "manifold")]
+        # FSDP2's initialisation on the meta device: to_empty registers new parameters, which keep their manifolds
+        import geoarray as ga
+
+        meta = torch.nn.Module()
+        meta.F = gt.ManifoldParameter(torch.empty(B, 16, 4, device="meta"), ga.Stiefel(16, 4), check=False)
+        meta.W = gt.ManifoldParameter(torch.empty(64, 8, device="meta"), ga.Stiefel(64, 8), check=False)
+        gt.fully_shard(meta, mesh=mesh).to_empty(device="cpu")
+        out["meta_manifolds"] = [repr(p.manifold) for p in meta.parameters() if hasattr(p, "manifold")]
+        # a NaN in rank 0's shard of the frames' gradient only: every rank skips the step
+        model = gt.fully_shard(_model(), mesh=mesh)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _train(opt, model, x, y, 1)
+        out["before"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        (model(x) - y).square().mean().backward()
+        if rank == 0:
+            model.F.grad.to_local()[0, 0, 0] = float("nan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the core's NonFiniteGradientWarning
+            opt.step()
+        out["after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_path):
+    import optree
+    import torch
+
+    import geoarray
+
+    ranks = run_ranks(_fsdp_worker, tmp_path, WORLD, TIMEOUT, "FSDP2")
+    x, y = _batch()
+    for name in OPTIMIZERS:
+        model = _model()
+        opt = _optimizer(name, model.parameters())
+        _train(opt, model, x, y, N_STEPS)
+        single = {k: v.detach() for k, v in model.state_dict().items()}
+        start = _model().state_dict()
+        for rank, out in enumerate(ranks):
+            got = out[name]
+            for k in single:
+                torch.testing.assert_close(got["params"][k], single[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
+                assert not torch.equal(got["params"][k], start[k]), f"{name}: {k} did not train"
+            assert geoarray.Stiefel(64, 8).is_point(got["params"]["W"]), name
+            assert geoarray.Stiefel(16, 4).is_point(got["params"]["F"]), name
+            # the shards are FSDP2's Shard(0) chunks
+            assert got["local"]["F"][0] == (PER_RANK, 16, 4) and got["local"]["W"][0] == (32, 8), name
+            # rank r holds the state of its frames only, equal to theirs in the single process
+            ref_F = _state(opt, model.F)
+            assert ref_F, f"{name}: no state for the frames"
+            # (a core of one's own is not known to separate the frames: gathered, whole state)
+            n = B if name == "Optimizer" else PER_RANK
+            frames = slice(rank * n, (rank + 1) * n) if n < B else slice(None)
+            for key, leaves in ref_F.items():
+                mine = got["state"]["F"][key]
+                for a, b in zip(mine, leaves, strict=True):
+                    assert a.shape[0] == n, f"{name}: {key} of the frames has {a.shape[0]} frames, expected {n}"
+                    torch.testing.assert_close(a, b[frames], rtol=0, atol=1e-12, msg=f"{name}: state {key}")
+            # a weight cut inside a matrix: its owner holds its whole state, equal to the single process's;
+            # the other rank an empty batch. An unknown core: whole on every rank, bit-identical
+            for k in ("W", "A"):
+                owner = OWNERS[name].get(k)
+                ref = _state(opt, getattr(model, k))
+                for key, leaves in ref.items() if owner is not None else ():
+                    for a, c in zip(got["state"][k][key], leaves, strict=True):
+                        if owner == "all":
+                            torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of {k}")
+                        elif owner == rank:
+                            torch.testing.assert_close(a, c, rtol=0, atol=1e-12, msg=f"{name}: state {key} of {k}")
+                        else:
+                            assert a.numel() == 0, f"{name}: rank {rank} holds state {key} of {k}, owned by {owner}"
+            if name == "Optimizer":
+                for k in ("F", "W", "A"):
+                    for key, leaves in got["state"][k].items():
+                        for a, b in zip(leaves, ranks[0][name]["state"][k][key], strict=True):
+                            assert torch.equal(a, b), f"{name}: the state {key} of {k} differs between ranks"
+            # the plain matrix under element-wise rules: the state of this rank's rows
+            if OWNERS[name].get("A") is None:
+                rows = {leaf.shape[0] for leaf in optree.tree_leaves(got["state"]["A"])}
+                assert rows == {4}, f"{name}: state of A has rows {rows}, expected 4"
+        # the bytes a step moves to each rank: for a matrix of S bytes owned by rank o, o receives (W−1)/W of
+        # weight and gradient (gather), every other rank its 1/W of the new value (scatter); parameters
+        # gathered on every rank: (W−1)/W of weight and gradient (all-gather); where a rank steps its own
+        # parts, the 4-byte finiteness flag (all-reduce: 2(W−1)/W of it) — nothing for the frames
+        w = WORLD
+        for rank, out in enumerate(ranks):
+            expected = 0.0
+            for k, owner in OWNERS[name].items():
+                size = single[k].numel() * 8
+                if owner == "all":
+                    expected += 2 * (w - 1) / w * size
+                else:
+                    expected += 2 * (w - 1) / w * size if owner == rank else size / w
+            expected += 2 * (w - 1) / w * 4 if name != "Optimizer" else 0
+            got = out[name]["step_bytes"]
+            assert got == expected, f"{name}: a step moved {got} bytes to rank {rank}, expected {expected}"
+    # resume from a per-rank state_dict: the same computation, bit for bit
+    for out in ranks:
+        for k, v in out["resumed"].items():
+            assert torch.equal(v, out["Adam"]["params"][k]), f"resumed {k}"
+        for k, v in out["after"].items():
+            assert torch.equal(v, out["before"][k]), f"{k} changed in a step with a non-finite gradient on rank 0"
+        assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
+        assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
+
+
+def _readme_block() -> str:
+    blocks = re.findall(r"```python\n(# runs in the fsdp session.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1, "README has one FSDP2 example"
+    return blocks[0]
+
+
+def _readme_worker(rank: int, port: int, out_dir: str) -> None:
+    import contextlib
+    import io
+
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_readme_block(), str(README), "exec"), {"__name__": "readme"})
+    torch.save({"printed": out.getvalue()}, f"{out_dir}/rank{rank}.pt")
+
+
+def test_readme_fsdp2_example_runs_on_two_ranks(tmp_path):
+    block = _readme_block()
+    claimed = [c.strip() for c in re.findall(r"^\s*print\(.*\)\s*#\s*(.+)$", block, flags=re.M)]
+    assert claimed
+    for out in run_ranks(_readme_worker, tmp_path, WORLD, TIMEOUT, "README FSDP2"):
+        printed = [line.strip() for line in out["printed"].splitlines() if line.strip()]
+        assert printed == claimed, f"the README's FSDP2 example prints {printed}, claims {claimed}"
