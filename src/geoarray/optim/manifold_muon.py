@@ -46,6 +46,9 @@ class NoDual(NamedTuple):
 
 
 class ManifoldMuonState(NamedTuple):
+    """State of :class:`ManifoldMuon`: step count, momentum buffers and warm-started duals per group,
+    the Muon state of the Euclidean matrices, and the layout of the tree."""
+
     step: Array
     buffers: tuple  # per group: the EMA momentum buffer (ambient coordinates, shaped like the group)
     duals: tuple  # per group: the Stiefel dual variable P (..., n, n), or NoDual()

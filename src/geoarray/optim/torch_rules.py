@@ -38,6 +38,8 @@ Array = Any
 
 
 class ScaleByTorchAdamState(NamedTuple):
+    """State of :func:`scale_by_torch_adam`: torch.optim.Adam's buffers under torch's names."""
+
     count: Array  # steps taken (integer)
     exp_avg: Any  # mₜ, torch's exp_avg (not bias-corrected)
     exp_avg_sq: Any  # vₜ, torch's exp_avg_sq (not bias-corrected)
@@ -45,6 +47,8 @@ class ScaleByTorchAdamState(NamedTuple):
 
 
 class ScaleBySGDState(NamedTuple):
+    """State of :func:`scale_by_torch_sgd`: the step count and torch.optim.SGD's momentum buffer."""
+
     count: Array  # steps taken (integer)
     momentum_buffer: Any  # torch's momentum_buffer, or () when momentum is 0 (nothing stored)
 
