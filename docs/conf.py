@@ -41,6 +41,8 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
+# geoarray._typing.Array is Any to a type checker; the pages name it (api/index.md says what it is)
+autodoc_type_aliases = {"Array": "Array"}
 autosummary_generate = False  # the API pages are written by public_api, not by autosummary
 autodoc_mock_imports: list[str] = []
 # the docstrings cross-reference each other with :class:/:func:; an unresolvable one is a warning

@@ -252,5 +252,12 @@ def setup(app):  # the Sphinx extension
         for problem in undocumented(modules):
             logger.warning("undocumented public name: %s", problem)
 
+    def drop_field_alias(app, what, name, obj, options, lines) -> None:
+        # a NamedTuple field's generated doc says nothing its name and type do not
+        text = [line for line in lines if line.strip()]
+        if len(text) == 1 and text[0].startswith("Alias for field number"):
+            lines.clear()
+
     app.connect("builder-inited", generate)
+    app.connect("autodoc-process-docstring", drop_field_alias)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

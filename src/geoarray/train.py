@@ -61,7 +61,7 @@ __all__ = [
     "value_and_grad",
 ]
 
-Array = Any
+from ._typing import Array
 
 _GRAD_MODES = ("auto", "analytic", "autodiff")
 

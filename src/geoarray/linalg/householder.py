@@ -8,9 +8,8 @@ import array_api_extra as xpx
 
 from .. import _backend
 from .._backend import array_namespace
+from .._typing import Array
 from .basic import _check_matrix, _mT, eye
-
-Array = Any
 
 # --------------------------------------------------------------------------------------------
 # Householder QR in compact-WY form

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Array = Any
+from .._typing import Array
 
 
 def _j(X: Array, xp: Any) -> Array:

@@ -32,7 +32,7 @@ from ._symplectic import _broadcast_shapes, _sp_inv, _stack_rows
 
 __all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal", "SymplecticStiefelHorizontal"]
 
-Array = Any
+from .._typing import Array
 
 
 def _fields(x: Any, like: Any) -> tuple:

@@ -39,7 +39,7 @@ from .sections import DenseSection, HouseholderSection, PackedHouseholderSection
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
-Array = Any
+from .._typing import Array
 
 
 def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:

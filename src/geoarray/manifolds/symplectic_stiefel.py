@@ -86,7 +86,7 @@ from .sections import SymplecticSection, _lam_apply_inv
 
 __all__ = ["SymplecticStiefel"]
 
-Array = Any
+from .._typing import Array
 
 _RETRACTIONS = ("cayley", "geodesic")
 

@@ -16,7 +16,7 @@ from .base import Layer
 
 __all__ = ["MultiHeadAttention"]
 
-Array = Any
+from .._typing import Array
 
 _KEYS = ("PQ", "PK", "PV")
 

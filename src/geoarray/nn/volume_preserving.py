@@ -24,8 +24,7 @@ from .base import Layer
 
 __all__ = ["VolumePreservingAttention", "VolumePreservingLowerLayer", "VolumePreservingUpperLayer"]
 
-Array = Any
-
+from .._typing import Array
 
 # --------------------------------------------------------------------------------------------
 # Volume-preserving attention

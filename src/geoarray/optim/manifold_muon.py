@@ -38,7 +38,7 @@ from .transforms import check_unit_interval, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
-Array = Any
+from .._typing import Array
 
 
 class NoDual(NamedTuple):

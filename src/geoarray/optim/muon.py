@@ -46,7 +46,7 @@ __all__ = [
     "scale_by_muon",
 ]
 
-Array = Any
+from .._typing import Array
 
 #: the retractions of manifold Muon: polar(Y − lr·A*), or exp/Cayley through g^hor
 MANIFOLD_MUON_RETRACTIONS = ("polar", "geodesic", "cayley")

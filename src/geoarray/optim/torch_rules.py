@@ -29,8 +29,7 @@ from .transforms import (
 
 __all__ = ["ScaleBySGDState", "ScaleByTorchAdamState", "scale", "scale_by_torch_adam", "scale_by_torch_sgd"]
 
-Array = Any
-
+from .._typing import Array
 
 # ---------------------------------------------------------------------------------------------
 # torch.optim's formulas (geoarray.torch's Adam, AdamW and SGD)

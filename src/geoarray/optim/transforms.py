@@ -52,7 +52,7 @@ __all__ = [
     "scale_by_momentum",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 class GradientTransformation(NamedTuple):

@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-Array = Any
-
 ARCHS = ("gpt2", "llama", "bert")
 _ACTIVATIONS = {"gpt2": ("gelu_new", "gelu", "relu"), "bert": ("gelu", "gelu_new", "relu"), "llama": ("swiglu",)}
 _DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "bert": "gelu", "llama": "swiglu"}
