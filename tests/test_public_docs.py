@@ -44,3 +44,20 @@ def test_api_pages_cover_every_public_name():
         page = public_api.render(module_name, modules)
         for name in importlib.import_module(module_name).__all__:
             assert name in page, f"{module_name}.{name} is missing from its API page"
+
+
+def test_docstring_references_resolve():
+    """Every :func:/:class:/:meth: reference in a public docstring names an existing object, resolved as
+    Sphinx resolves it (absolute, then relative to the class and module)."""
+    problems = public_api.broken_references(public_api.public_modules({}))
+    assert not problems, "broken references in docstrings:\n" + "\n".join(problems)
+
+
+def test_the_check_finds_a_broken_reference(monkeypatch):
+    """The check can fail: a reference to a renamed function is reported with where it is."""
+    import geoarray.linalg
+
+    doc = geoarray.linalg.skew.__doc__ + "\n\nSee :func:`geoarray.linalg.skew_symmetric_part`."
+    monkeypatch.setattr(geoarray.linalg.skew, "__doc__", doc)
+    problems = public_api.broken_references(["geoarray.linalg"])
+    assert problems == ["geoarray.linalg.skew: :func:`geoarray.linalg.skew_symmetric_part` names nothing"], problems

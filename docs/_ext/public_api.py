@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import types
 from pathlib import Path
 
@@ -174,6 +175,96 @@ def undocumented(modules: list[str] | None = None) -> list[str]:
     return problems
 
 
+_MISSING = object()
+_ROLE = re.compile(r":(func|class|meth|mod|data|attr|exc|obj):`(?:[^`<]*<)?~?\.?([\w.]+)>?`")
+
+
+def resolve(target: str, module: str | None = None, cls: str | None = None) -> object:
+    """The object a Python cross-reference names, looked up as Sphinx does (absolute, then relative to
+    the current class and module, then to each parent package); ``_MISSING`` if nothing has that name."""
+    contexts = [""]
+    if module:
+        parts = module.split(".")
+        if cls:
+            contexts.insert(0, f"{module}.{cls}.")
+        contexts += [".".join(parts[:i]) + "." for i in range(len(parts), 0, -1)]
+    for prefix in contexts:
+        path = (prefix + target).split(".")
+        for i in range(len(path), 0, -1):
+            try:
+                obj: object = importlib.import_module(".".join(path[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in path[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                break
+            return obj
+    return _MISSING
+
+
+_PUBLIC_NAMES: dict[int, str] = {}
+
+
+def _public_name(obj: object) -> str | None:
+    """Where the API pages describe ``obj`` (``home.name``, ``home.Class.method``), or None."""
+    if not _PUBLIC_NAMES:
+        modules = public_modules({})
+        for module_name in modules:
+            for name, kind, target, home in entries(module_name, modules):
+                if kind in ("class", "function") and home is None:
+                    value = getattr(importlib.import_module(module_name), name)
+                    _PUBLIC_NAMES[id(value)] = target
+                    if kind == "class":
+                        for attr, member in vars(value).items():
+                            _PUBLIC_NAMES.setdefault(
+                                id(inspect.unwrap(member) if callable(member) else member), f"{target}.{attr}"
+                            )
+    return _PUBLIC_NAMES.get(id(obj))
+
+
+def broken_references(modules: list[str] | None = None) -> list[str]:
+    """'where: role `target`' for every cross-reference in a public docstring that names nothing: a
+    renamed or removed function, a typo. (References to objects that exist but are not public are
+    allowed; the docs render them as text.)"""
+    modules = public_modules({}) if modules is None else modules
+    seen: set[int] = set()
+    problems = []
+
+    def scan(obj: object, where: str, module: str, cls: str | None) -> None:
+        doc = (
+            obj.__doc__
+            if isinstance(obj, types.ModuleType)
+            else _own_doc(obj)
+            if inspect.isclass(obj)
+            else getattr(obj, "__doc__", None)
+        )
+        for role, target in _ROLE.findall(doc or ""):
+            # :attr: may name an instance attribute, which exists only on instances: not checkable here
+            if role != "attr" and resolve(target, module, cls) is _MISSING:
+                problems.append(f"{where}: :{role}:`{target}` names nothing")
+
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        scan(module, module_name, module_name, None)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, types.ModuleType) or id(obj) in seen or not (inspect.isclass(obj) or callable(obj)):
+                continue
+            seen.add(id(obj))
+            home = getattr(obj, "__module__", None) or module_name
+            scan(obj, f"{module_name}.{name}", home, name if inspect.isclass(obj) else None)
+            if inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    function = getattr(member, "__func__", getattr(member, "fget", member))
+                    # methods defined in this class, not class attributes that alias another object
+                    defined_here = getattr(function, "__qualname__", "").startswith(obj.__qualname__ + ".")
+                    if not attr.startswith("_") and defined_here:
+                        scan(function, f"{module_name}.{name}.{attr}", home, name)
+    return problems
+
+
 def render(module_name: str, modules: list[str]) -> str:
     """The reStructuredText of one API page."""
     title = f"``{module_name}``"
@@ -251,6 +342,20 @@ def setup(app):  # the Sphinx extension
         modules = write_pages(Path(app.srcdir) / "api")
         for problem in undocumented(modules):
             logger.warning("undocumented public name: %s", problem)
+        for problem in broken_references(modules):
+            logger.warning("broken reference in a docstring: %s", problem)
+
+    def link_to_public_name(app, env, node, contnode):
+        # :func:`geoarray.gauge.counting.redundancy` names an object where it is defined; the API pages
+        # describe it where users import it (geoarray.gauge.redundancy): link there
+        if node.get("refdomain") != "py":
+            return None
+        obj = resolve(node.get("reftarget", ""), node.get("py:module"), node.get("py:class"))
+        canonical = _public_name(obj) if obj is not _MISSING else None
+        if canonical is None or canonical == node.get("reftarget"):
+            return None
+        domain = env.get_domain("py")
+        return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode)
 
     def drop_field_alias(app, what, name, obj, options, lines) -> None:
         # a NamedTuple field's generated doc says nothing its name and type do not
@@ -259,5 +364,6 @@ def setup(app):  # the Sphinx extension
             lines.clear()
 
     app.connect("builder-inited", generate)
+    app.connect("missing-reference", link_to_public_name)
     app.connect("autodoc-process-docstring", drop_field_alias)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
