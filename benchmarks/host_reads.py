@@ -26,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _sets import stiefel_set
 from _timing import interleaved_medians, load_namespace, machine_info
 
 import geoarray
@@ -34,18 +35,6 @@ from geoarray import optim
 SETS = ("vit", "1024x64", "4096x128")
 ALL_SETS = (*SETS, "tiny")
 POLICIES = ("cpu", "never")
-
-
-def weights(name: str, xp, dtype):
-    shapes = {"vit": (49, 7, (336,)), "tiny": (16, 4, (8,))}
-    if name in shapes:
-        N, n, batch = shapes[name]
-    else:
-        (N, n), batch = map(int, name.split("x")), ()
-    M = geoarray.Stiefel(N, n)
-    Y = M.random(0, xp=xp, batch_shape=batch, dtype=dtype)
-    G = geoarray.random.normal(7, tuple(Y.shape), xp=xp, dtype=dtype, scale=1e-2)
-    return {"W": Y}, {"W": M}, {"W": G}
 
 
 def under(policy: str, fn):
@@ -97,7 +86,7 @@ def count_operations(step) -> tuple[int, int]:
 def bench(backend: str, name: str, steps: int) -> dict:
     xp = load_namespace(backend)
     dtype = xp.float32
-    params, manifolds, grads = weights(name, xp, dtype)
+    params, manifolds, grads = stiefel_set(name, xp, dtype)
     fns, holders = {}, {}
     for policy in POLICIES:
         fns[policy], holders[policy] = step_function(params, manifolds, grads, policy)

@@ -157,9 +157,17 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    batches = [(torch.as_tensor(x, dtype=dtype), torch.as_tensor(y, dtype=dtype)) for x, y in batches_np]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("training_step.py: --device cuda but torch sees no CUDA GPU")
+    batches = [
+        (torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, dtype=dtype, device=device))
+        for x, y in batches_np
+    ]
     model_s, model_e = transformer(config, stiefel=True), transformer(config, stiefel=False)
-    params = model_s.init(0, xp=geoarray.as_namespace(torch), dtype=dtype)
+    params = model_s.init(0, xp=geoarray.as_namespace(torch), dtype=dtype, device=device)
+    # a GPU runs asynchronously: each timed step waits for its own work (interleaved_medians times calls)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loss = nn.ClassificationL2Loss()
 
     def module(model):  # its own copy of the weights (Module shares the storage of params)
@@ -176,6 +184,7 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
             value.backward()
             if opt is not None:
                 opt.step()
+            sync()
             return value
 
         return step
@@ -440,6 +449,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda); JAX uses its default device")
     parser.add_argument(
         "--torch-grad",
         default="autograd",

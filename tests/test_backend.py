@@ -346,3 +346,17 @@ def test_autodiff_gradients_and_jacobians_where_the_backend_has_them(backend, xp
     assert_close(J, linalg.eye(3, J) * (3 * a**2)[None, :], xp=xp, atol=1e-14)
     rows = _backend.vmap_compiled(lambda x: 2 * x, xp)
     assert (rows is None) == (backend.kind != "jax")
+
+
+def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
+    """The backend × shape policy of the Householder section lives in _backend: packed reflectors for
+    eager torch batches of ≥ 16 frames with n ≤ 32, the reconstruction for JAX's few tall frames, the
+    compact-WY form otherwise (each form is checked equal to the others in test_manifolds)."""
+    form = _backend.householder_section_form
+    torch, jax = backend.kind == "torch", backend.kind == "jax"
+    assert form((16, 49, 7), xp) == ("packed" if torch else "compact-wy")
+    assert form((15, 49, 7), xp) == "compact-wy"
+    assert form((16, 96, 33), xp) == "compact-wy"
+    assert form((4096, 128), xp) == ("reconstructed" if jax else "compact-wy")
+    assert form((8, 4096, 128), xp) == "compact-wy"
+    assert form((512, 128), xp) == "compact-wy"  # N < 8n: the QR is cheaper

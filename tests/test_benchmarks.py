@@ -140,3 +140,35 @@ def test_host_reads_json(bench_backend, tmp_path, capsys):
         assert row["operations_per_step"]["never"] > row["operations_per_step"]["cpu"] > 0
     assert row["max_abs_difference"] < 1e-5
     assert "never/cpu" in capsys.readouterr().out
+
+
+def test_step_kernels_json(bench_backend, tmp_path, capsys):
+    """step_kernels.py records the step's GEMM/LAPACK calls (the QR among them) and prints step ÷ Σ kernels."""
+    if bench_backend != "torch":
+        pytest.skip("step_kernels.py records kernels with a torch dispatch mode")
+    path = tmp_path / "step_kernels.json"
+    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["n_kernels"] >= 3 and "geqrf" in {k["name"] for k in row["kernels"]}
+    for key in ("step_ms", "kernels_ms", "ratio_step_over_kernels"):
+        _positive_finite(row[key], key)
+    assert "step/kernels" in capsys.readouterr().out
+
+
+def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
+    """gpu.py's CPU smoke run (tiny set, no compile): the eager geoarray step and the baselines are timed,
+    and the CUDA-only variants (sync check, graph capture) are absent rather than failed."""
+    if bench_backend == "numpy":
+        pytest.skip("gpu.py times torch and JAX; NumPy has no GPU")
+    path = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "2"]
+    _load("gpu").main([*argv, "--no-compile", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["rows"]
+    if bench_backend == "torch":
+        for key in ("eager_ms", "adam_foreach_ms", "eager_over_adam"):
+            _positive_finite(row[key], key)
+        assert "syncs" not in row and "graph" not in row and "graph_ms" not in row
+    else:
+        for key in ("jit_ms", "compile_s"):
+            _positive_finite(row[key], key)
+    assert "tiny" in capsys.readouterr().out

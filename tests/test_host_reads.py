@@ -300,3 +300,32 @@ def test_a_jitted_jax_step_has_no_host_callback_and_no_transfer(backend, xp, dev
         moved = [float(np.max(np.abs(to_numpy(a) - to_numpy(b)))) for a, b in zip(
             optree.tree_leaves(out[0]), optree.tree_leaves(params), strict=True)]  # fmt: skip
         assert min(moved) > 1e-4, f"{name}: a jitted step left a leaf in place ({moved})"
+
+
+@pytest.mark.parametrize("name", ["Adam", "Momentum", "BFGS", "ManifoldMuon", "partition"])
+def test_a_gpu_step_does_not_synchronise(backend, xp, device, name):
+    """On a GPU with the default policy: torch steps under ``torch.cuda.set_sync_debug_mode("error")`` and
+    CuPy steps under ``cupyx.allow_synchronize(False)`` raise nothing (the second step: the first builds
+    nothing more than the state, which init does on the host)."""
+    if backend.name not in ("torch-cuda", "cupy"):
+        pytest.skip(f"{backend.name} runs on the host: there is no device stream to synchronise with")
+    params, mans, grads = _problem(xp, device, drop=DROP.get(name, ()))
+    opt = OPTIMIZERS[name]()
+    state = opt.init(params, mans)
+    g = grads(params)
+    params, state = opt.update(params, g, state)
+    if backend.kind == "torch":
+        import torch
+
+        torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.update(params, g, state)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    else:
+        import cupyx
+
+        with cupyx.allow_synchronize(False):
+            opt.update(params, g, state)

@@ -226,3 +226,24 @@ def test_manifold_muon_step_jits(backend, xp, device):
     for a, b in zip(step(Y, G, P), manifold_muon_step(man, Y, G, P, lr=0.1), strict=True):
         assert_close(a, b, xp=xp, atol=1e-12)
     assert backend_name(xp) == "jax"
+
+
+def test_the_muon_signatures_agree_with_each_other_and_with_torch():
+    """Muon's options are spelled out in four public signatures (optax's and torch's convention: every
+    alias lists its keywords): scale_by_muon, muon, Muon and ManifoldMuon. They must not drift apart —
+    the shared keywords carry the same defaults everywhere, and torch.optim.Muon's where torch has it."""
+    import inspect
+
+    from geoarray.optim import ManifoldMuon, Muon
+    from geoarray.optim.muon import muon, scale_by_muon
+
+    shared = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype")
+    signatures = {f.__name__: inspect.signature(f).parameters for f in (scale_by_muon, muon, Muon, ManifoldMuon)}
+    for name in shared:
+        defaults = {owner: params[name].default for owner, params in signatures.items()}
+        assert len(set(map(repr, defaults.values()))) == 1, f"{name}: {defaults}"
+    assert signatures["muon"]["weight_decay"].default == signatures["Muon"]["weight_decay"].default
+    torch = pytest.importorskip("torch")
+    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
+    for name in ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn"):
+        assert repr(signatures["Muon"][name].default) == repr(theirs[name].default), name

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import CommandError, add_common_train_options, nonnegative_int, positive_float, positive_int
+from ._common import BACKENDS, CommandError, add_common_train_options, nonnegative_int, positive_float, positive_int
 
 __all__ = ["add_demo_parser", "add_train_parser", "run_demo", "run_train"]
 
@@ -77,7 +77,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("numpy", "torch", "jax", "array-api-strict"),
+        choices=BACKENDS,
         default="numpy",
         help="array backend (default: numpy)",
     )

@@ -235,13 +235,13 @@ def manifolds_like(tree: Any, rule: Any) -> Any:
     else:
         raise TypeError(f"rule must be a mapping {{regex: manifold}} or a callable (path, leaf), got {rule!r}")
 
-    def one(path: tuple, leaf: Any) -> Manifold | None:
+    def manifold_of(path: tuple, leaf: Any) -> Manifold | None:
         if not (_is_jax_array(leaf) and jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)):
             return None
         key = path_str(path)
         return _manifold_for(decide(key, leaf), leaf, key)
 
-    return jax.tree_util.tree_map_with_path(one, tree)
+    return jax.tree_util.tree_map_with_path(manifold_of, tree)
 
 
 def init_on_manifolds(params: Any, manifolds: Any, seed: Any = 0) -> Any:

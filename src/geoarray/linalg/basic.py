@@ -13,7 +13,7 @@ from .._typing import Array
 # --------------------------------------------------------------------------------------------
 
 
-def _check_matrix(A: Array, name: str, xp: Any, *, square: bool = False) -> None:
+def check_matrix(A: Array, name: str, xp: Any, *, square: bool = False) -> None:
     check_real_floating(A, name, xp)
     if A.ndim < 2:
         raise ValueError(f"{name} must have at least 2 dimensions (..., rows, cols), got shape {tuple(A.shape)}")
@@ -26,7 +26,7 @@ def eye(n: int, like: Array, m: int | None = None) -> Array:
     return _backend.eye(n, m, like, array_namespace(like))
 
 
-def _mT(A: Array, xp: Any) -> Array:
+def mT(A: Array, xp: Any) -> Array:
     return xp.matrix_transpose(A)
 
 
@@ -38,15 +38,15 @@ def _mT(A: Array, xp: Any) -> Array:
 def skew(A: Array) -> Array:
     """Skew-symmetric part ½(A − Aᵀ) over the last two axes."""
     xp = array_namespace(A=A)
-    _check_matrix(A, "A", xp, square=True)
-    return (A - _mT(A, xp)) / 2
+    check_matrix(A, "A", xp, square=True)
+    return (A - mT(A, xp)) / 2
 
 
 def sym(A: Array) -> Array:
     """Symmetric part ½(A + Aᵀ) over the last two axes."""
     xp = array_namespace(A=A)
-    _check_matrix(A, "A", xp, square=True)
-    return (A + _mT(A, xp)) / 2
+    check_matrix(A, "A", xp, square=True)
+    return (A + mT(A, xp)) / 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,8 +57,8 @@ def sym(A: Array) -> Array:
 def solve(A: Array, B: Array) -> Array:
     """X with A X = B for stacks of matrices: A (..., n, n), B (..., n, k)."""
     xp = array_namespace(A=A, B=B)
-    _check_matrix(A, "A", xp, square=True)
-    _check_matrix(B, "B", xp)
+    check_matrix(A, "A", xp, square=True)
+    check_matrix(B, "B", xp)
     if B.shape[-2] != A.shape[-1]:
         raise ValueError(f"B must have {A.shape[-1]} rows to match A {tuple(A.shape)}, got {tuple(B.shape)}")
     return xp.linalg.solve(A, B)
@@ -71,7 +71,7 @@ def solve_vectors(A: Array, b: Array) -> Array:
     a stack of vectors must be passed as a stack of one-column matrices: ``solve(A, b[..., None])[..., 0]``.
     """
     xp = array_namespace(A=A, b=b)
-    _check_matrix(A, "A", xp, square=True)
+    check_matrix(A, "A", xp, square=True)
     check_real_floating(b, "b", xp)
     if b.ndim < 1 or b.shape[-1] != A.shape[-1]:
         raise ValueError(f"b must end in {A.shape[-1]} to match A {tuple(A.shape)}, got {tuple(b.shape)}")
@@ -91,6 +91,6 @@ def cayley(C: Array) -> Array:
     attention seed writes with a spurious factor ½ in front; see ``shared/seeds/README.md``).
     """
     xp = array_namespace(C=C)
-    _check_matrix(C, "C", xp, square=True)
+    check_matrix(C, "C", xp, square=True)
     eye_n = eye(C.shape[-1], C)
     return xp.linalg.solve(eye_n + C, eye_n - C)

@@ -7,7 +7,7 @@ from typing import Any
 from .. import _backend
 from .._backend import array_namespace
 from .._typing import Array
-from .basic import _check_matrix, eye
+from .basic import check_matrix, eye
 
 # --------------------------------------------------------------------------------------------
 # Matrix exponential
@@ -88,7 +88,7 @@ def expm(A: Array, *, max_squarings: int = 16, impl: str = "auto") -> Array:
     ==============  =========  =========  =========
     """
     xp = array_namespace(A=A)
-    _check_matrix(A, "A", xp, square=True)
+    check_matrix(A, "A", xp, square=True)
     if not isinstance(max_squarings, int) or max_squarings < 0:
         raise ValueError(f"max_squarings must be a non-negative int, got {max_squarings!r}")
     native = _backend.fast_path("expm", xp, impl)

@@ -9,7 +9,7 @@ import array_api_extra as xpx
 from .. import _backend
 from .._backend import array_namespace
 from .._typing import Array
-from .basic import _check_matrix, _mT, eye
+from .basic import check_matrix, eye, mT
 
 # --------------------------------------------------------------------------------------------
 # Householder QR in compact-WY form
@@ -67,7 +67,7 @@ def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
     τₖ = 0 is the identity (LAPACK's choice when a column is already reduced): row and column k of T
     are then zero, so V T Vᵀ no longer sees vₖ, and T stays finite. All of this is n×n work.
     """
-    G = _mT(V, xp) @ V
+    G = mT(V, xp) @ V
     native = _backend.fast_path("triu_inverse", xp)
     if native is None:
         return V, _t_factor_series(G, tau, xp)
@@ -112,7 +112,7 @@ def householder_qr(A: Array, *, impl: str = "auto") -> HouseholderQR:
     rank-one updates. T comes from the UT transform (:func:`_compact_wy`) in both cases.
     """
     xp = array_namespace(A=A)
-    _check_matrix(A, "A", xp)
+    check_matrix(A, "A", xp)
     N, n = A.shape[-2], A.shape[-1]
     if n > N:
         raise ValueError(f"A must be tall (rows ≥ columns) for householder_qr, got shape {tuple(A.shape)}")
@@ -149,7 +149,7 @@ def householder_of_orthonormal(Y: Array) -> HouseholderQR:
     elsewhere, which is why the optimizers use this on JAX only (see ``sections.householder_section``).
     """
     xp = array_namespace(Y=Y)
-    _check_matrix(Y, "Y", xp)
+    check_matrix(Y, "Y", xp)
     N, n = Y.shape[-2], Y.shape[-1]
     if n > N:
         raise ValueError(f"Y must be tall (rows ≥ columns) for householder_of_orthonormal, got shape {tuple(Y.shape)}")
@@ -191,7 +191,7 @@ def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
 
 def _check_wy(V: Array, T: Array, X: Array, xp: Any) -> None:
     for name, a in (("V", V), ("T", T), ("X", X)):
-        _check_matrix(a, name, xp)
+        check_matrix(a, name, xp)
     n = V.shape[-1]
     if T.shape[-2:] != (n, n):
         raise ValueError(f"T must be ({n}, {n}) to match V {tuple(V.shape)}, got {tuple(T.shape)}")
@@ -205,7 +205,7 @@ def apply_q(V: Array, T: Array, X: Array) -> Array:
     _check_wy(V, T, X, xp)
     if V.shape[-1] == 0:  # no reflectors: Q = I
         return X
-    return _backend.addmm(X, V, T @ (_mT(V, xp) @ X), xp, alpha=-1.0)
+    return _backend.addmm(X, V, T @ (mT(V, xp) @ X), xp, alpha=-1.0)
 
 
 def apply_qt(V: Array, T: Array, X: Array) -> Array:
@@ -214,4 +214,4 @@ def apply_qt(V: Array, T: Array, X: Array) -> Array:
     _check_wy(V, T, X, xp)
     if V.shape[-1] == 0:  # no reflectors: Q = I
         return X
-    return _backend.addmm(X, V, _mT(T, xp) @ (_mT(V, xp) @ X), xp, alpha=-1.0)
+    return _backend.addmm(X, V, mT(T, xp) @ (mT(V, xp) @ X), xp, alpha=-1.0)

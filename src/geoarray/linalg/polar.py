@@ -7,7 +7,7 @@ from typing import Any
 from .. import _backend
 from .._backend import array_namespace
 from .._typing import Array
-from .basic import _check_matrix, _mT, eye
+from .basic import check_matrix, eye, mT
 
 # --------------------------------------------------------------------------------------------
 # Matrix sign / polar factor and Muon's Newton–Schulz iteration
@@ -18,12 +18,12 @@ def _msign_eigh(X: Array, xp: Any) -> Array:
     # X (XᵀX)^{-1/2} on the range of XᵀX, zero on its null space; eigenvalues below
     # k·ε·λ_max are numerically zero singular values (they would otherwise be amplified noise).
     k = X.shape[-1]
-    lam, V = xp.linalg.eigh(_mT(X, xp) @ X)
+    lam, V = xp.linalg.eigh(mT(X, xp) @ X)
     tiny = k * xp.finfo(X.dtype).eps * xp.max(lam, axis=-1, keepdims=True)
     keep = lam > tiny
     inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
     # form the k×k factor first: one O(m·k²) product with X instead of two
-    return X @ ((V * inv_sqrt[..., None, :]) @ _mT(V, xp))
+    return X @ ((V * inv_sqrt[..., None, :]) @ mT(V, xp))
 
 
 def _polar_newton(Q: Array, R: Array, xp: Any, steps: int) -> Array:
@@ -33,7 +33,7 @@ def _polar_newton(Q: Array, R: Array, xp: Any, steps: int) -> Array:
     eye_k = xp.broadcast_to(eye(k, R), R.shape)
     Z = R
     for _ in range(steps):
-        Zinv_t = _mT(xp.linalg.solve(Z, eye_k), xp)
+        Zinv_t = mT(xp.linalg.solve(Z, eye_k), xp)
         nz = xp.linalg.matrix_norm(Z, ord="fro")
         ni = xp.linalg.matrix_norm(Zinv_t, ord="fro")
         mu = xp.sqrt(ni / nz)[..., None, None]
@@ -57,9 +57,9 @@ def msign(X: Array) -> Array:
     Use :func:`polar` (Newton's iteration, error ≈ ε·κ) for ill-conditioned full-rank inputs.
     """
     xp = array_namespace(X=X)
-    _check_matrix(X, "X", xp)
+    check_matrix(X, "X", xp)
     if X.shape[-2] < X.shape[-1]:
-        return _mT(msign(_mT(X, xp)), xp)
+        return mT(msign(mT(X, xp)), xp)
     return _backend.compiled(_msign_eigh, xp, "xp")(X, xp=xp)
 
 
@@ -98,13 +98,13 @@ def polar(X: Array, *, method: str = "newton", steps: int = 12) -> Array:
     Wide matrices (m < k) are handled through the transpose.
     """
     xp = array_namespace(X=X)
-    _check_matrix(X, "X", xp)
+    check_matrix(X, "X", xp)
     if method not in ("newton", "eigh"):
         raise ValueError(f"method must be 'newton' or 'eigh', got {method!r}")
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     if X.shape[-2] < X.shape[-1]:
-        return _mT(polar(_mT(X, xp), method=method, steps=steps), xp)
+        return mT(polar(mT(X, xp), method=method, steps=steps), xp)
     if method == "eigh":
         return msign(X)
     return _backend.compiled(_polar_generic, xp, "xp", "steps")(X, xp=xp, steps=steps)
@@ -159,10 +159,10 @@ def newton_schulz(
 def _newton_schulz(X: Array, xp: Any, steps: int, a: float, b: float, c: float, eps: float) -> Array:
     tall = X.shape[-2] > X.shape[-1]
     if tall:
-        X = _mT(X, xp)
+        X = mT(X, xp)
     norm = xp.linalg.matrix_norm(X, ord="fro")[..., None, None]
     X = X / xp.clip(norm, min=eps)
     for _ in range(steps):
-        S = X @ _mT(X, xp)
+        S = X @ mT(X, xp)
         X = a * X + (b * S + c * (S @ S)) @ X
-    return _mT(X, xp) if tall else X
+    return mT(X, xp) if tall else X

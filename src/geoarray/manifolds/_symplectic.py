@@ -9,37 +9,37 @@ from typing import Any
 from .._typing import Array
 
 
-def _j(X: Array, xp: Any) -> Array:
+def j_times(X: Array, xp: Any) -> Array:
     """𝕁X for X (..., 2K, k): (q, p) ↦ (p, −q)."""
     K = X.shape[-2] // 2
     return xp.concat([X[..., K:, :], -X[..., :K, :]], axis=-2)
 
 
-def _jt(X: Array, xp: Any) -> Array:
+def jt_times(X: Array, xp: Any) -> Array:
     """𝕁ᵀX: (q, p) ↦ (−p, q)."""
     K = X.shape[-2] // 2
     return xp.concat([-X[..., K:, :], X[..., :K, :]], axis=-2)
 
 
-def _sp_inv(Y: Array, xp: Any) -> Array:
+def symplectic_inverse(Y: Array, xp: Any) -> Array:
     """Y⁺ = 𝕁ᵀYᵀ𝕁 for Y (..., 2K, 2k): (..., 2k, 2K)."""
-    return _jt(xp.matrix_transpose(_jt(Y, xp)), xp)
+    return jt_times(xp.matrix_transpose(jt_times(Y, xp)), xp)
 
 
-def _rows(X: Array, lo: int, hi: int, xp: Any) -> Array:
+def rows(X: Array, lo: int, hi: int, xp: Any) -> Array:
     """Rows (q_lo…q_hi, p_lo…p_hi) (0-based, hi exclusive) of X (..., 2K, k)."""
     K = X.shape[-2] // 2
     return xp.concat([X[..., lo:hi, :], X[..., K + lo : K + hi, :]], axis=-2)
 
 
-def _stack_rows(parts: list[Array], xp: Any) -> Array:
-    """Inverse of :func:`_rows`: interleave the q halves, then the p halves, of consecutive blocks."""
+def stack_rows(parts: list[Array], xp: Any) -> Array:
+    """Inverse of :func:`rows`: interleave the q halves, then the p halves, of consecutive blocks."""
     qs = [P[..., : P.shape[-2] // 2, :] for P in parts]
     ps = [P[..., P.shape[-2] // 2 :, :] for P in parts]
     return xp.concat(qs + ps, axis=-2)
 
 
-def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """Broadcast batch shapes (static Python tuples)."""
     ndim = max(len(s) for s in shapes)
     out = []
@@ -51,7 +51,7 @@ def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _hamiltonian_blocks(A: Array, xp: Any) -> tuple[Array, Array, Array]:
+def hamiltonian_blocks(A: Array, xp: Any) -> tuple[Array, Array, Array]:
     """Frobenius projection ½(A − A⁺) of A (..., 2n, 2n) onto sp(2n), as its blocks.
 
     sp(2n) = {[[A₁₁, A₁₂], [A₂₁, −A₁₁ᵀ]] : A₁₂ = A₁₂ᵀ, A₂₁ = A₂₁ᵀ}.

@@ -62,6 +62,8 @@ class Manifold(abc.ABC):
     A concrete manifold implements every abstract method below. The optimizers of
     :mod:`geoarray.optim` call exactly these members, and nothing else:
 
+    * everywhere: :attr:`is_vector_space` (a vector space's leaves are stepped additively, raveled
+      together, with no section, lift or retraction);
     * at ``init``: :attr:`point_shape`, :attr:`section_strategies` and the optional ``section``
       attribute (the manifold's own default strategy), :meth:`default_atol` and :meth:`is_point`,
       :meth:`global_section` and :meth:`global_rep` (the zero element that starts the caches);
@@ -77,6 +79,8 @@ class Manifold(abc.ABC):
     point_shape: tuple[int, ...] | None = None
     #: the section strategies :meth:`global_section` supports (see :mod:`geoarray.optim.riemannian`)
     section_strategies: tuple[str, ...] = ("householder",)
+    #: a vector space (Euclidean): the optimizers update its points by addition, g^hor is the space itself
+    is_vector_space: bool = False
 
     @abc.abstractmethod
     def random(

@@ -23,6 +23,7 @@ class Euclidean(Manifold):
     """A vector space of arrays of any shape (the default for unconstrained weights)."""
 
     point_shape = None
+    is_vector_space = True
     validate = False
     section_strategies = ("householder", "transported", "random")
 

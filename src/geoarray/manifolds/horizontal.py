@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from .._backend import array_namespace
 from .._backend import device as _device
-from ._symplectic import _broadcast_shapes, _sp_inv, _stack_rows
+from ._symplectic import broadcast_shapes, stack_rows, symplectic_inverse
 
 __all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal", "SymplecticStiefelHorizontal"]
 
@@ -200,18 +200,19 @@ class SymplecticStiefelHorizontal(HorizontalElement, _SymplecticFields):
         """The (..., 2N, 2N) matrix of sp(2N) in the original (q, p) coordinates (tests and docs)."""
         xp = array_namespace(A11=self.A11, B=self.B)
         A = self.hamiltonian()
-        batch = _broadcast_shapes(tuple(A.shape[:-2]), tuple(self.B.shape[:-2]))
+        batch = broadcast_shapes(tuple(A.shape[:-2]), tuple(self.B.shape[:-2]))
         A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
         B = xp.broadcast_to(self.B, (*batch, *self.B.shape[-2:]))
         m2 = B.shape[-2]
-        Bplus = _sp_inv(B, xp) if m2 else xp.zeros((*A.shape[:-2], A.shape[-1], 0), dtype=A.dtype, device=_device(A))
+        empty = (*A.shape[:-2], A.shape[-1], 0)
+        Bplus = symplectic_inverse(B, xp) if m2 else xp.zeros(empty, dtype=A.dtype, device=_device(A))
         zeros = xp.zeros((*A.shape[:-2], m2, m2), dtype=A.dtype, device=_device(A))
         # columns in (E, F) order, rows put back in (q, p) order; then the same for the columns
-        cols_e = _stack_rows([A, B], xp)  # (..., 2N, 2n)
-        cols_f = _stack_rows([-Bplus, zeros], xp)  # (..., 2N, 2m)
+        cols_e = stack_rows([A, B], xp)  # (..., 2N, 2n)
+        cols_f = stack_rows([-Bplus, zeros], xp)  # (..., 2N, 2m)
         W_t = xp.matrix_transpose(xp.concat([cols_e, cols_f], axis=-1))  # rows in (E, F) order
         n2 = A.shape[-1]
-        return xp.matrix_transpose(_stack_rows([W_t[..., :n2, :], W_t[..., n2:, :]], xp))
+        return xp.matrix_transpose(stack_rows([W_t[..., :n2, :], W_t[..., n2:, :]], xp))
 
     def inner(self, other: SymplecticStiefelHorizontal) -> Array:
         """½tr(W₁ᵀW₂) = ½tr(A₁ᵀA₂) + tr(B₁ᵀB₂), per batch element.

@@ -33,13 +33,12 @@ g^hor coordinates of a cache do, which is why the strategy is a visible choice.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from .. import _backend, linalg
 from .._backend import array_namespace
 from .._backend import device as _device
-from ._symplectic import _rows, _sp_inv, _stack_rows
+from ._symplectic import rows, stack_rows, symplectic_inverse
 
 __all__ = [
     "DenseSection",
@@ -177,31 +176,14 @@ class PackedHouseholderSection(NamedTuple):
 
 
 def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection:
-    """The Householder section of Y in the cheaper form for this backend and shape.
-
-    torch, eager, a batch of ≥ 16 frames with n ≤ 32: packed reflectors applied by ormqr (one call per
-    application); elsewhere the compact-WY form, whose products are faster for single large frames
-    (one 1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products) and which traces under
-    torch.compile and jax.jit. On JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n) take their reflectors
-    from :func:`geoarray.linalg.householder_of_orthonormal` instead of XLA's QR.
+    """The Householder section of Y in the cheaper form for this backend and shape
+    (:func:`geoarray._backend.householder_section_form` says which and why): packed reflectors applied
+    by ormqr, or the compact-WY form, with the reflectors from a QR or rebuilt from Y's orthonormality.
     """
-    xp = array_namespace(Y)
-    if _backend.is_torch(xp) and not _backend.is_compiling():
-        _backend.torch_geqrf_op()  # registered while eager, for a later torch.compile of the same step
-    if (
-        _backend.is_torch(xp)
-        and not _backend.is_compiling()
-        and Y.ndim >= 3
-        and math.prod(Y.shape[:-2]) >= 16
-        and Y.shape[-1] <= 32
-    ):
+    form = _backend.householder_section_form(tuple(Y.shape), array_namespace(Y))
+    if form == "packed":
         return PackedHouseholderSection.of(Y)
-    # JAX: XLA's CPU QR is slow for single tall frames (4096×128: 6.5 ms against 0.7 ms for a product of
-    # that size), the reconstruction's loop of n masked n×n updates for wide or batched ones (jitted, one
-    # thread: 4096×128 0.42× the QR's time, 1024×64 0.72×, 256×32 0.89×; 512×128 2.0×, 8 × 256×32 1.5×)
-    N, n = Y.shape[-2], Y.shape[-1]
-    reconstruct = _backend.is_jax(xp) and math.prod(Y.shape[:-2]) < 8 and n >= 32 and N >= 8 * n
-    return HouseholderSection.of(Y, reconstruct=reconstruct)
+    return HouseholderSection.of(Y, reconstruct=form == "reconstructed")
 
 
 def _concat_rows(blocks: tuple[Array, Array]) -> Array:
@@ -278,7 +260,7 @@ class SymplecticSection(NamedTuple):
     def apply_inv(self, X: Array) -> Array:
         """λ⁻¹X = 𝕁ᵀλᵀ𝕁X for X (..., 2N, k), in O(N·n·k)."""
         xp = array_namespace(X=X, Y=self.Y)
-        return _backend.compiled(_lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
+        return _backend.compiled(lam_apply_inv, xp, "xp")(self.V, self.T, self.core, X, xp=xp)
 
     def to_dense(self) -> Array:
         """λ as a (..., 2N, 2N) array (tests and docs; O(N²) memory)."""
@@ -290,13 +272,13 @@ class SymplecticSection(NamedTuple):
 
 def _lam_apply(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
     N, r = X.shape[-2] // 2, core.shape[-1] // 2
-    Xc = core @ _rows(X, 0, r, xp)
-    Z = _stack_rows([Xc, _rows(X, r, N, xp)], xp) if r < N else Xc
+    Xc = core @ rows(X, 0, r, xp)
+    Z = stack_rows([Xc, rows(X, r, N, xp)], xp) if r < N else Xc
     return linalg.apply_q(V, T, Z)
 
 
-def _lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
+def lam_apply_inv(V: Array, T: Array, core: Array, X: Array, *, xp: Any) -> Array:
     N, r = X.shape[-2] // 2, core.shape[-1] // 2
     Z = linalg.apply_qt(V, T, X)
-    Zc = _sp_inv(core, xp) @ _rows(Z, 0, r, xp)
-    return _stack_rows([Zc, _rows(Z, r, N, xp)], xp) if r < N else Zc
+    Zc = symplectic_inverse(core, xp) @ rows(Z, 0, r, xp)
+    return stack_rows([Zc, rows(Z, r, N, xp)], xp) if r < N else Zc

@@ -78,11 +78,11 @@ from .. import _backend, linalg
 from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
-from ._symplectic import _broadcast_shapes, _hamiltonian_blocks, _j, _jt, _rows, _sp_inv, _stack_rows
+from ._symplectic import broadcast_shapes, hamiltonian_blocks, j_times, jt_times, rows, stack_rows, symplectic_inverse
 from .base import Manifold, check_choice, check_size
 from .horizontal import SymplecticStiefelHorizontal
 from .retraction import retract_e
-from .sections import SymplecticSection, _lam_apply_inv
+from .sections import SymplecticSection, lam_apply_inv
 
 __all__ = ["SymplecticStiefel"]
 
@@ -94,8 +94,8 @@ _RETRACTIONS = ("cayley", "geodesic")
 def _global_rep(Y: Array, V: Array, T: Array, core: Array, D: Array, *, xp: Any) -> tuple[Array, ...]:
     """(A11, A12, A21, B): A = Y⁺Δ projected onto sp(2n), B = F-rows of λ⁻¹Δ."""
     N, n = Y.shape[-2] // 2, Y.shape[-1] // 2
-    A11, A12, A21 = _hamiltonian_blocks(_sp_inv(Y, xp) @ D, xp)
-    B = _rows(_lam_apply_inv(V, T, core, D, xp=xp), n, N, xp)
+    A11, A12, A21 = hamiltonian_blocks(symplectic_inverse(Y, xp) @ D, xp)
+    B = rows(lam_apply_inv(V, T, core, D, xp=xp), n, N, xp)
     return A11, A12, A21, B
 
 
@@ -138,7 +138,7 @@ def _complex_householder(Y: Array, *, xp: Any, steps: int) -> tuple[Array, Array
         zero_x = xnorm == 0
         scale = xp.where(zero_x, xp.zeros_like(wnorm), 1 / xp.where(zero_x, xp.ones_like(wnorm), wnorm))
         u = (w * scale[..., None])[..., :, None]
-        Ju = _j(u, xp)
+        Ju = j_times(u, xp)
         R = R - 2 * (u @ (xp.matrix_transpose(u) @ R)) - 2 * (Ju @ (xp.matrix_transpose(Ju) @ R))
         us += [u, Ju]
     if not us:
@@ -159,8 +159,8 @@ def _resymplectify(Y: Array, xp: Any) -> Array:
     """Ŷ = Y(I − ½𝕁ᵀ(Yᵀ𝕁Y − 𝕁)): one Newton step, ‖Ŷᵀ𝕁Ŷ − 𝕁‖ = O(‖Yᵀ𝕁Y − 𝕁‖²)."""
     n2 = Y.shape[-1]
     eye = linalg.eye(n2, Y)
-    err = xp.matrix_transpose(Y) @ _j(Y, xp) - _j(eye, xp)
-    return Y - Y @ _jt(err, xp) / 2
+    err = xp.matrix_transpose(Y) @ j_times(Y, xp) - j_times(eye, xp)
+    return Y - Y @ jt_times(err, xp) / 2
 
 
 def _section(Y: Array, *, xp: Any, resymplectify: bool) -> tuple[Array, Array, Array, Array]:
@@ -168,17 +168,17 @@ def _section(Y: Array, *, xp: Any, resymplectify: bool) -> tuple[Array, Array, A
     r = min(2 * n, N)
     Yh = _resymplectify(Y, xp) if resymplectify else Y
     V, T, R = _complex_householder(Yh, xp=xp, steps=min(2 * n, N - 1))
-    Yc = _rows(R, 0, r, xp)  # (..., 2r, 2n): the reduced point on the core coordinates
+    Yc = rows(R, 0, r, xp)  # (..., 2r, 2n): the reduced point on the core coordinates
     if r == n:
         return Y, V, T, Yc
     m = r - n
     dt, dev = Y.dtype, _device(Y)
     # exact upper triangularity: the q-type columns have no component on the core part of F
-    Yq = _stack_rows([_rows(Yc[..., :, :n], 0, n, xp), xp.zeros((*Yc.shape[:-2], 2 * m, n), dtype=dt, device=dev)], xp)
+    Yq = stack_rows([rows(Yc[..., :, :n], 0, n, xp), xp.zeros((*Yc.shape[:-2], 2 * m, n), dtype=dt, device=dev)], xp)
     Yc = xp.concat([Yq, Yc[..., :, n:]], axis=-1)
     # Z = (I − Y_c Y_c⁺) F_c, F_c = the core coordinates q_{n+1}…q_r, p_{n+1}…p_r of F
-    Fc = _stack_rows([xp.zeros((2 * n, 2 * m), dtype=dt, device=dev), linalg.eye(2 * m, Y)], xp)
-    Z = Fc - Yc @ (_sp_inv(Yc, xp) @ Fc)
+    Fc = stack_rows([xp.zeros((2 * n, 2 * m), dtype=dt, device=dev), linalg.eye(2 * m, Y)], xp)
+    Z = Fc - Yc @ (symplectic_inverse(Yc, xp) @ Fc)
     # λ_c columns in core order: q-type (Y_c[:, :n], Z[:, :r−n]) then p-type (Y_c[:, n:], Z[:, r−n:])
     core = xp.concat([Yc[..., :, :n], Z[..., :, :m], Yc[..., :, n:], Z[..., :, m:]], axis=-1)
     return Y, V, T, core
@@ -195,10 +195,10 @@ def _retract_e(
     """(E-part (..., 2n, 2n), F-part (..., 2m, 2n)) of g(W)E for W = [[A, −B⁺], [B, 0]]: the shared
     kernel of :mod:`~geoarray.manifolds.retraction` with the Gram block B⁺B."""
     A = SymplecticStiefelHorizontal(A11, A12, A21, B).hamiltonian()
-    batch = _broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))
+    batch = broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))
     A = xp.broadcast_to(A, (*batch, *A.shape[-2:]))
     B = xp.broadcast_to(B, (*batch, *B.shape[-2:]))
-    gram = _sp_inv(B, xp) @ B if B.shape[-2] else xp.zeros_like(A)
+    gram = symplectic_inverse(B, xp) @ B if B.shape[-2] else xp.zeros_like(A)
     return retract_e(A / 2, gram, B, xp=xp, method=method, max_doublings=max_doublings)
 
 
@@ -208,13 +208,13 @@ def _retract_e(
 
 
 def _rgrad(Y: Array, dL: Array, *, xp: Any) -> Array:
-    JY = _j(Y, xp)
+    JY = j_times(Y, xp)
     return dL @ (xp.matrix_transpose(Y) @ Y) + JY @ (xp.matrix_transpose(dL) @ JY)
 
 
 def _metric(Y: Array, D1: Array, D2: Array, *, xp: Any) -> Array:
     Yt = xp.matrix_transpose(Y)
-    S, P, X1, X2 = xp.broadcast_arrays(Yt @ Y, xp.matrix_transpose(D1) @ D2, Yt @ _j(D1, xp), Yt @ _j(D2, xp))
+    S, P, X1, X2 = xp.broadcast_arrays(Yt @ Y, xp.matrix_transpose(D1) @ D2, Yt @ j_times(D1, xp), Yt @ j_times(D2, xp))
     first = xp.sum(xp.linalg.diagonal(xp.linalg.solve(S, P)), axis=-1)
     # tr(UV) = Σ U ⊙ Vᵀ with U = S⁻¹X₁ᵀ, V = S⁻¹X₂
     U = xp.linalg.solve(S, xp.matrix_transpose(X1))
@@ -226,12 +226,12 @@ def _project(Y: Array, G: Array, *, xp: Any) -> Array:
     Yt = xp.matrix_transpose(Y)
     S = Yt @ Y
     GS = xp.matrix_transpose(xp.linalg.solve(S, xp.matrix_transpose(G)))  # G S⁻¹ (S symmetric)
-    return _rgrad(Y, GS - _jt(Y @ xp.linalg.solve(S, Yt @ _j(GS, xp)), xp) / 2, xp=xp)
+    return _rgrad(Y, GS - jt_times(Y @ xp.linalg.solve(S, Yt @ j_times(GS, xp)), xp) / 2, xp=xp)
 
 
 def _point_violation(Y: Array, *, xp: Any) -> Array:
     """``max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖)``."""
-    err = xp.matrix_transpose(Y) @ _j(Y, xp) - _j(linalg.eye(Y.shape[-1], Y), xp)
+    err = xp.matrix_transpose(Y) @ j_times(Y, xp) - j_times(linalg.eye(Y.shape[-1], Y), xp)
     norms = xp.sqrt(xp.sum(Y * Y, axis=-2))
     scale = xp.maximum(norms[..., :, None] * norms[..., None, :], xp.ones_like(err))
     return xp.max(xp.abs(err) / scale)
@@ -239,7 +239,7 @@ def _point_violation(Y: Array, *, xp: Any) -> Array:
 
 def _tangent_violation(Y: Array, D: Array, *, xp: Any) -> Array:
     """``max |(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| / max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)``."""
-    M = xp.matrix_transpose(Y) @ _j(D, xp)
+    M = xp.matrix_transpose(Y) @ j_times(D, xp)
     ny, nd = xp.sqrt(xp.sum(Y * Y, axis=-2)), xp.sqrt(xp.sum(D * D, axis=-2))
     scale = ny[..., :, None] * nd[..., None, :] + nd[..., :, None] * ny[..., None, :]
     return xp.max(xp.abs(M - xp.matrix_transpose(M)) / xp.maximum(scale, xp.ones_like(scale)))
@@ -437,10 +437,10 @@ class SymplecticStiefel(Manifold):
         self._check_tangent_shape(Y, D, "D")
         Yt = xp.matrix_transpose(Y)
         Yg = xp.linalg.solve(Yt @ Y, Yt)
-        G = _j(D, xp)
+        G = j_times(D, xp)
         GYg = G @ Yg
         Sigma = GYg + xp.matrix_transpose(GYg) - xp.matrix_transpose(Yg) @ (Yt @ G) @ Yg
-        return _jt(Sigma, xp)
+        return jt_times(Sigma, xp)
 
     # -- sections and the global representation -------------------------------------------------
 
@@ -487,7 +487,7 @@ class SymplecticStiefel(Manifold):
         method = self.retraction_method if method is None else check_choice(method, "method", _RETRACTIONS)
         kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(*W, xp=xp, method=method, max_doublings=self.max_doublings)
-        return _stack_rows([top, bottom], xp)
+        return stack_rows([top, bottom], xp)
 
     def apply_section(self, lam: SymplecticSection, X: Array) -> Array:
         """λ(Y)·X for X (..., 2N, k), in O(N·n·k)."""

@@ -152,7 +152,7 @@ def make_layout(
             key: tuple = (i,)
         else:
             where = (str(leaf.dtype), str(_backend.device(leaf)))
-            if isinstance(m, Euclidean) and ravel_euclidean:
+            if m.is_vector_space and ravel_euclidean:
                 key = (RAVELED, *where)
             else:
                 key = (STACKED, m, tuple(leaf.shape), s, *where)

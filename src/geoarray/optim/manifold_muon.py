@@ -28,7 +28,6 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
-from ..manifolds.euclidean import Euclidean
 from ..manifolds.grassmann import Grassmann
 from ..manifolds.stiefel import Stiefel
 from . import layout as _layout
@@ -120,23 +119,23 @@ class ManifoldMuon:
     def _check_leaves(self, leaves: list, mans: list, paths: list[str], xp: Any) -> None:
         for leaf, m, path in zip(leaves, mans, paths, strict=True):
             _backend.check_real_floating(leaf, path, xp)
-            if self.matrices_only and not isinstance(m, Euclidean):
+            if self.matrices_only and not m.is_vector_space:
                 raise ValueError(
                     f"{path} lives on {m!r}: Muon updates Euclidean matrices; use ManifoldMuon for manifold leaves"
                 )
-            if not isinstance(m, (Euclidean, Stiefel, Grassmann)):
+            if not (m.is_vector_space or isinstance(m, (Stiefel, Grassmann))):
                 raise ValueError(
                     f"{path} lives on {m!r}: ManifoldMuon supports Stiefel and Grassmann leaves (and Euclidean "
                     "matrices); use geoarray.optim.partition to give it another optimizer"
                 )
-            if isinstance(m, Euclidean) and leaf.ndim < 2:
+            if m.is_vector_space and leaf.ndim < 2:
                 raise ValueError(
                     f"{path} has shape {tuple(leaf.shape)}; Muon acts on matrices only. Give vectors and scalars "
                     "their own optimizer: geoarray.optim.partition({'muon': ..., 'adam': Adam(...)}, labels)"
                 )
             if m.point_shape is not None and tuple(leaf.shape[-2:]) != tuple(m.point_shape):
                 raise ValueError(f"{path} has shape {tuple(leaf.shape)}, which does not end in {m.point_shape}")
-            if not isinstance(m, Euclidean) and not _backend.is_traced(leaf) and not m.is_point(leaf):
+            if not m.is_vector_space and not _backend.is_traced(leaf) and not m.is_point(leaf):
                 raise ValueError(f"{path} is not a point of {m!r} (M.is_point at its default tolerance)")
 
     def init(self, params: Any, manifolds: Any = None) -> ManifoldMuonState:
@@ -159,7 +158,7 @@ class ManifoldMuon:
                 duals.append(xp.zeros((*Y.shape[:-2], n, n), dtype=Y.dtype, device=_backend.device(Y)))
             else:
                 duals.append(NoDual())
-            if isinstance(group.manifold, Euclidean):
+            if group.manifold.is_vector_space:
                 euclid.append(Y)
         return ManifoldMuonState(
             zero_count(leaves), tuple(buffers), tuple(duals), self.transform.init(tuple(euclid)), layout
@@ -180,7 +179,7 @@ class ManifoldMuon:
         for group, buf, P in zip(layout.groups, state.buffers, state.duals, strict=True):
             Y, G = _layout.pack(group, leaves, xp), _layout.pack(group, gleaves, xp)
             M = group.manifold
-            if isinstance(M, Euclidean):
+            if M.is_vector_space:
                 e_points.append(Y)
                 e_grads.append(G)
                 e_groups.append(group)

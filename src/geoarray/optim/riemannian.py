@@ -89,7 +89,6 @@ import optree
 from .. import _backend
 from .._backend import array_namespace
 from ..manifolds.base import RETRACTIONS, SECTIONS, Manifold
-from ..manifolds.euclidean import Euclidean
 from . import layout as _layout
 from .layout import Layout
 from .transforms import GradientTransformation
@@ -207,7 +206,7 @@ class RiemannianOptimizer:
     # -- sections ------------------------------------------------------------------------------------
 
     def _strategy(self, M: Manifold, path: str) -> str:
-        if isinstance(M, Euclidean):
+        if M.is_vector_space:
             return "householder"  # a translation: every strategy is the same
         strategy = self.section or getattr(M, "section", None) or "householder"
         if strategy not in M.section_strategies:
@@ -259,7 +258,7 @@ class RiemannianOptimizer:
             # one host read per leaf, at init only (never inside a step, never under tracing); half
             # precision leaves are checked in float32 at the accuracy of their own rounding
             if (
-                not isinstance(m, Euclidean)
+                not m.is_vector_space
                 and not _backend.is_traced(leaf)
                 and not m.is_point(
                     leaf if _layout.half_dtype(leaf) is None else xp.astype(leaf, xp.float32),
@@ -381,7 +380,7 @@ class RiemannianOptimizer:
             if uses_params:
                 # the parameter a transform sees on a manifold: the lift of grad ½‖Y‖² (module
                 # docstring of add_decayed_weights); on a vector space the parameter itself
-                lifted_params.append(Y if isinstance(M, Euclidean) else M.lift(Y, lam, Y))
+                lifted_params.append(Y if M.is_vector_space else M.lift(Y, lam, Y))
         transform_params = tuple(lifted_params) if uses_params else None
         inner = state.inner
         if any(group.section == "rotated" for group in layout.groups):

@@ -473,7 +473,7 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
         zeros = _zeros_like(params)
         return ScaleByBFGSState(zero_count(params), zeros, zeros, treedef.unflatten(hs))
 
-    def one(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
+    def unit_step(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
         xp = array_namespace(*optree.tree_leaves(B))
         g = _to_vector(B, xp)
         t = _as_float(count, g)
@@ -506,7 +506,7 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
         hs = treedef.flatten_up_to(state.hessian_inv)
         steps, new_h = [], []
         for u, bp, sp, h in zip(units, prev_g, prev_s, hs, strict=True):
-            w, h = one(u, bp, sp, h, count)
+            w, h = unit_step(u, bp, sp, h, count)
             steps.append(w)
             new_h.append(h)
         W = treedef.unflatten(steps)

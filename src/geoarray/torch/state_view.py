@@ -132,10 +132,9 @@ class StateView(Mapping):
                             out[name] = _piece(value[g], group, j, layout.shapes)
         elif isinstance(state, ManifoldMuonState):
             out["step"] = state.step
-            from ..manifolds.euclidean import Euclidean
 
-            if isinstance(group.manifold, Euclidean):
-                euclid = [k for k, grp in enumerate(layout.groups) if isinstance(grp.manifold, Euclidean)]
+            if group.manifold.is_vector_space:
+                euclid = [k for k, grp in enumerate(layout.groups) if grp.manifold.is_vector_space]
                 muon = [n for n in _named_nodes(state.muon) if isinstance(n, ScaleByMuonState)]
                 if muon:
                     out["momentum_buffer"] = _piece(muon[0].mu[euclid.index(g)], group, j, layout.shapes)

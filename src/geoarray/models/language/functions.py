@@ -36,7 +36,7 @@ def erf(x: Array) -> Array:
     return (2 / math.sqrt(math.pi)) * z * xp.exp(-z * z) * total
 
 
-def _activation(name: str, x: Array) -> Array:
+def activation(name: str, x: Array) -> Array:
     xp = array_namespace(x)
     if name == "gelu_new":
         return gelu_tanh(x)
@@ -47,7 +47,7 @@ def _activation(name: str, x: Array) -> Array:
     raise ValueError(f"unknown activation {name!r}")
 
 
-def _silu(x: Array) -> Array:
+def silu(x: Array) -> Array:
     xp = array_namespace(x)
     return x * (1 + xp.tanh(x / 2)) / 2  # x·sigmoid(x) without overflow for large |x|
 

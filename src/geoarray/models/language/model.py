@@ -12,7 +12,7 @@ from ..._backend import array_namespace, as_namespace, resolve_dtype
 from ..._typing import Array
 from ...nn.activations import log_softmax
 from .config import LanguageModelConfig, as_config
-from .functions import _activation, _silu, apply_rope, layer_norm, rms_norm, rope_tables
+from .functions import activation, apply_rope, layer_norm, rms_norm, rope_tables, silu
 
 # ---------------------------------------------------------------------------------------------
 # the model
@@ -203,10 +203,10 @@ class TransformerLM:
     def _mlp(self, params: Mapping[str, Array], p: str, h: Array) -> Array:
         c = self.config
         if c.activation == "swiglu":
-            u = _silu(h @ params[p + "mlp.w_gate"]) * (h @ params[p + "mlp.w_in"])
+            u = silu(h @ params[p + "mlp.w_gate"]) * (h @ params[p + "mlp.w_in"])
             return u @ params[p + "mlp.w_out"]
         u = h @ params[p + "mlp.w_in"] + params[p + "mlp.b_in"]
-        return _activation(c.activation, u) @ params[p + "mlp.w_out"] + params[p + "mlp.b_out"]
+        return activation(c.activation, u) @ params[p + "mlp.w_out"] + params[p + "mlp.b_out"]
 
     def hidden_states(self, params: Mapping[str, Array], tokens: Array, token_types: Array | None = None) -> Array:
         """The residual stream after the last block, ``(..., T, d_model)`` (for bert: the model output;
