@@ -4,9 +4,17 @@
     nox -s tests               # the same CPU matrix, by name
     nox -s tests-torch-cpu     # one backend
     nox -t cuda                # cupy, torch-cuda, jax-cuda: skipped without a GPU
-    nox -s lint
+    nox -s lint                # ruff, and mypy over the public API
+    nox -s docs                # the documentation site, warnings are errors (not part of CI: see below)
+    nox -s package             # sdist + wheel, twine check, the wheel in a fresh venv from outside the tree
 
 CUDA sessions detect a missing GPU when this file loads and skip without building a venv.
+
+``docs`` and ``package`` are not run by ``nox -t cpu`` (what .ci/run runs): they install torch, JAX and
+the Sphinx stack (docs) or build a second venv (package), minutes that the CPU matrix's 30-minute
+budget does not have. What CI does run is their fast part: tests/test_public_docs.py fails every
+backend session on a public name without a docstring (the check the docs build runs), and
+tests/test_packaging.py checks the metadata and that the wheel's file list holds the package.
 """
 
 from __future__ import annotations
@@ -90,7 +98,46 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.5")
-    paths = ["src", "tests", "benchmarks", "examples", "noxfile.py"]
+    """ruff over the repository; mypy over the package (configuration and baseline: pyproject.toml)."""
+    session.install("ruff>=0.5", "mypy>=1.11")
+    paths = ["src", "tests", "benchmarks", "examples", "docs", "noxfile.py"]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
+    session.install(".")
+    session.run("mypy")
+
+
+@nox.session(tags=["docs"])
+def docs(session: nox.Session) -> None:
+    """The documentation site in docs/_build/html (-W: a warning, a broken docstring or an undocumented
+    public name fails the build). Imports geoarray.torch and geoarray.jax, so it installs both."""
+    session.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
+    session.install("jax[cpu]>=0.4.30", "optax>=0.2")
+    session.install(".[docs]")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", *session.posargs)
+
+
+@nox.session(tags=["package"])
+def package(session: nox.Session) -> None:
+    """Build the sdist and the wheel into dist/, check them with twine, install the wheel into a fresh
+    venv and run `geoarray --help` and the quick start there from a directory outside the source tree
+    (a file missing from the wheel fails here, not at a user's)."""
+    import tempfile
+
+    session.install("build>=1.2", "twine>=5")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+    wheels = sorted(dist.glob("*.whl"))
+    sdists = sorted(dist.glob("*.tar.gz"))
+    if len(wheels) != 1 or len(sdists) != 1:
+        session.error(f"expected one wheel and one sdist in {dist}, found {[p.name for p in dist.iterdir()]}")
+    session.run("twine", "check", "--strict", *map(str, wheels + sdists))
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        bin_dir = venv / "bin"
+        session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", str(wheels[0]), external=True)
+        with session.chdir(tmp):  # outside the source tree: only the installed wheel can be imported
+            session.run(str(bin_dir / "geoarray"), "--help", external=True)
+            session.run(str(bin_dir / "python"), str(ROOT / "tests" / "wheel_smoke.py"), external=True)

@@ -31,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``geoarray`` command line: ``demo``, ``train``, ``gauge`` and their options (``geoarray --help``)."""
     parser = _Parser(
         prog="geoarray",
         description=(

@@ -1,4 +1,4 @@
-"""The training loop: :func:`fit` runs any layer-contract model with any geoarray optimizer on any backend.
+"""The training loop: :func:`fit` runs any layer-contract model with any geoarray optimizer on any backend. In short::
 
     result = geoarray.train.fit(model, params, (x, y), geoarray.optim.Adam(lr=1e-3), loss,
                                 epochs=10, batch_size=64, seed=0)
@@ -61,7 +61,7 @@ __all__ = [
     "value_and_grad",
 ]
 
-Array = Any
+from ._typing import Array
 
 _GRAD_MODES = ("auto", "analytic", "autodiff")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._typing import Array
 from .namespace import backend_name, is_jax, is_torch
 
 Namespace = Any
-Array = Any
 
 
 def has_autodiff(xp: Namespace) -> bool:

@@ -11,10 +11,10 @@ from typing import Any
 
 import optree
 
+from .._typing import Array
 from .namespace import device, is_jax, is_torch
 
 Namespace = Any
-Array = Any
 
 
 def is_compiling() -> bool:

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 import array_api_compat as _compat
 import numpy as np
 
+from .._typing import Array
 from .control import is_compiling
 from .namespace import backend_name, device, is_jax, is_torch
 
 Namespace = Any
-Array = Any
 
 # --------------------------------------------------------------------------------------------
 # Fast paths

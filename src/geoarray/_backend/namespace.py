@@ -18,8 +18,9 @@ from typing import Any
 import array_api_compat as _compat
 import numpy as np
 
+from .._typing import Array
+
 Namespace = Any
-Array = Any
 
 _SCALARS = (bool, int, float, complex)
 

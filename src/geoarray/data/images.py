@@ -24,7 +24,7 @@ from .. import _backend
 
 __all__ = ["load_digits", "load_mnist", "one_hot", "patches", "read_idx", "train_test_split", "unpatch"]
 
-Array = Any
+from .._typing import Array
 
 # IDX type codes (third magic byte) → big-endian NumPy dtypes
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}

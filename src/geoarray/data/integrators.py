@@ -19,7 +19,7 @@ from .._backend import array_namespace
 
 __all__ = ["ConvergenceError", "implicit_midpoint", "stormer_verlet"]
 
-Array = Any
+from .._typing import Array
 
 
 class ConvergenceError(RuntimeError):

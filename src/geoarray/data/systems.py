@@ -26,7 +26,7 @@ __all__ = [
     "rigid_body_trajectories",
 ]
 
-Array = Any
+from .._typing import Array
 
 #: (a, b, c) of the Euler equations ż = (a z₂z₃, b z₁z₃, c z₁z₂).
 RIGID_BODY_CONSTANTS = (1.0, -0.5, -0.5)

@@ -10,7 +10,7 @@ from .._backend import array_namespace
 
 __all__ = ["batches", "shuffle", "windows"]
 
-Array = Any
+from .._typing import Array
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:

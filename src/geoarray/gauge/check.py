@@ -63,7 +63,7 @@ def check(
     untied copy (tied embeddings break it, see :mod:`geoarray.gauge.counting`). Outputs are
     compared on ``n_sequences`` random sequences of ``seq_len`` tokens (default min(n_ctx, 16)).
 
-    Returns a dict with ``max_abs_output_diff``, ``max_rel_output_diff`` (relative to max |output|),
+    Returns a dict with ``max_abs_output_diff``, ``max_rel_output_diff`` (relative to ``max |output|``),
     ``relative_weight_change`` (‖θ' − θ‖/‖θ‖ over the parameters both share; an untied unembedding is
     compared with Eᵀ), ``n_params``, ``redundancy`` (exact count), ``redundancy_breakdown``,
     ``paper_redundancy`` (eq. 17), ``redundancy_numerical`` (Jacobian nullity when ``numerical`` is

@@ -83,7 +83,7 @@ __all__ = [
     "referee_inputs",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 def paper_redundancy(n_layers: int, n_heads: int, d_head: int, d_model: int) -> int:

@@ -54,7 +54,7 @@ from .transforms import GaugeElement, apply_gauge, fold_norms, rope_commutant
 
 __all__ = ["GaugeFixedLM", "canonicalize", "gauge_fix"]
 
-Array = Any
+from .._typing import Array
 
 
 def _minus_last_row(W: Array) -> Array:

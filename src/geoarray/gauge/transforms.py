@@ -41,7 +41,7 @@ __all__ = [
     "untie",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 def _kw(device: Any) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def make_train_step(
         returns ``(params, state, (loss, aux))``).
     optimizer
         A geoarray optimizer (``geoarray.optim.Adam(lr=...)``, ``ManifoldMuon``, ``Muon``, any
-        :class:`RiemannianOptimizer`, or ``geoarray.optim.partition({...}, labels)`` with ``labels`` a
+        :class:`~geoarray.optim.RiemannianOptimizer`, or ``geoarray.optim.partition({...}, labels)`` with ``labels`` a
         tree like ``params``), constrained by ``manifolds``; or an optax transformation (e.g. from
         :func:`~geoarray.jax.optax_transform`, alone or in ``optax.chain``), initialised with
         ``optimizer.init(params)`` and applied with :func:`~geoarray.jax.apply_updates` (exact on

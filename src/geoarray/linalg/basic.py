@@ -6,9 +6,7 @@ from typing import Any
 
 from .. import _backend
 from .._backend import array_namespace, check_real_floating
-
-Array = Any
-
+from .._typing import Array
 
 # --------------------------------------------------------------------------------------------
 # helpers

@@ -6,9 +6,8 @@ from typing import Any
 
 from .. import _backend
 from .._backend import array_namespace
+from .._typing import Array
 from .basic import check_matrix, eye
-
-Array = Any
 
 # --------------------------------------------------------------------------------------------
 # Matrix exponential

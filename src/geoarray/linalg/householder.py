@@ -8,9 +8,8 @@ import array_api_extra as xpx
 
 from .. import _backend
 from .._backend import array_namespace
+from .._typing import Array
 from .basic import check_matrix, eye, mT
-
-Array = Any
 
 # --------------------------------------------------------------------------------------------
 # Householder QR in compact-WY form
@@ -132,7 +131,7 @@ def householder_of_orthonormal(Y: Array) -> HouseholderQR:
     For orthonormal Y the factor R is diagonal with entries S = ±1, and Y − [S; 0] = V·U with V the
     unit lower trapezoidal Householder vectors and U = −T V₁ᵀ S upper triangular: an LU factorisation
     without pivoting. Choosing each sₖ = −sign of the k-th pivot as the elimination reaches it (as
-    geqrf chooses R's signs) makes every pivot |uₖₖ| ≥ 1, so the LU of the n×n top block Y₁ − S is
+    geqrf chooses R's signs) makes every pivot ``|uₖₖ|`` ≥ 1, so the LU of the n×n top block Y₁ − S is
     stable; then V = [L; Y₂U⁻¹] (Ballard, Demmel, Grigori, Jacquelin, Knight, Nguyen, *Reconstructing
     Householder vectors from tall-skinny QR*, JPDC 2015; LAPACK's ``orhr_col``). Cost: n small
     rank-one updates of an n×n matrix, an n×n triangular inverse and one N×n×n product, against a

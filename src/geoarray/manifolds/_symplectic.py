@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Array = Any
+from .._typing import Array
 
 
 def j_times(X: Array, xp: Any) -> Array:

@@ -31,7 +31,7 @@ from .._backend import array_namespace, check_real_floating
 
 __all__ = ["RETRACTIONS", "SECTIONS", "Manifold", "check_choice", "check_size"]
 
-Array = Any
+from .._typing import Array
 
 SECTIONS = ("householder", "random", "transported", "rotated")
 RETRACTIONS = ("geodesic", "cayley")

@@ -16,7 +16,7 @@ from .base import Manifold
 
 __all__ = ["Euclidean"]
 
-Array = Any
+from .._typing import Array
 
 
 class Euclidean(Manifold):

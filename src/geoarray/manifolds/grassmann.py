@@ -22,7 +22,7 @@ from .stiefel import OrthonormalFrames
 
 __all__ = ["Grassmann"]
 
-Array = Any
+from .._typing import Array
 
 
 class Grassmann(OrthonormalFrames):

@@ -32,7 +32,7 @@ from ._symplectic import broadcast_shapes, stack_rows, symplectic_inverse
 
 __all__ = ["GrassmannHorizontal", "HorizontalElement", "StiefelHorizontal", "SymplecticStiefelHorizontal"]
 
-Array = Any
+from .._typing import Array
 
 
 def _fields(x: Any, like: Any) -> tuple:

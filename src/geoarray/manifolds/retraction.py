@@ -21,7 +21,7 @@ from .._backend import device as _device
 
 __all__ = ["phi1", "retract_e", "retraction_kernel", "x_matrix"]
 
-Array = Any
+from .._typing import Array
 
 # φ₁ Taylor polynomials in Paterson–Stockmeyer form, by the precision of the arithmetic:
 # (degree, chunk, θ), cheapest first, with truncation error Σ_{k>degree} θ^k/(k+1)! below unit

@@ -48,7 +48,7 @@ __all__ = [
     "householder_section",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 class HouseholderSection(NamedTuple):

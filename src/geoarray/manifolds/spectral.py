@@ -45,7 +45,7 @@ __all__ = [
     "stiefel_spectral_step",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 def _check(Y: Array, G: Array, P0: Array | None = None) -> Any:

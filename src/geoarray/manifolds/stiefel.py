@@ -39,7 +39,7 @@ from .sections import DenseSection, HouseholderSection, PackedHouseholderSection
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
-Array = Any
+from .._typing import Array
 
 
 def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
@@ -137,7 +137,7 @@ class OrthonormalFrames(Manifold):
         return Q * signs[..., None, :]
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
-        """max |YᵀY − I| ≤ atol over the whole batch (default 1e-10 in float64, 1e-4 in float32, 4e-3 in
+        """``max |YᵀY − I| ≤ atol`` over the whole batch (default 1e-10 in float64, 1e-4 in float32, 4e-3 in
         float16, 3e-2 in bfloat16; half precision is checked in float32 arithmetic)."""
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)

@@ -86,7 +86,7 @@ from .sections import SymplecticSection, lam_apply_inv
 
 __all__ = ["SymplecticStiefel"]
 
-Array = Any
+from .._typing import Array
 
 _RETRACTIONS = ("cayley", "geodesic")
 
@@ -230,7 +230,7 @@ def _project(Y: Array, G: Array, *, xp: Any) -> Array:
 
 
 def _point_violation(Y: Array, *, xp: Any) -> Array:
-    """max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖)."""
+    """``max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖)``."""
     err = xp.matrix_transpose(Y) @ j_times(Y, xp) - j_times(linalg.eye(Y.shape[-1], Y), xp)
     norms = xp.sqrt(xp.sum(Y * Y, axis=-2))
     scale = xp.maximum(norms[..., :, None] * norms[..., None, :], xp.ones_like(err))
@@ -238,7 +238,7 @@ def _point_violation(Y: Array, *, xp: Any) -> Array:
 
 
 def _tangent_violation(Y: Array, D: Array, *, xp: Any) -> Array:
-    """max |(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| / max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)."""
+    """``max |(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| / max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)``."""
     M = xp.matrix_transpose(Y) @ j_times(D, xp)
     ny, nd = xp.sqrt(xp.sum(Y * Y, axis=-2)), xp.sqrt(xp.sum(D * D, axis=-2))
     scale = ny[..., :, None] * nd[..., None, :] + nd[..., :, None] * ny[..., None, :]
@@ -386,7 +386,7 @@ class SymplecticStiefel(Manifold):
         return linalg.apply_q(V, T, Y0)
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
-        """|(Yᵀ𝕁Y − 𝕁)_ij| ≤ atol·max(1, ‖y_i‖‖y_j‖) over the whole batch.
+        """``|(Yᵀ𝕁Y − 𝕁)_ij| ≤ atol·max(1, ‖y_i‖‖y_j‖)`` over the whole batch.
 
         The scaling by the column norms is the size of the rounding error of the entry; default
         atol 1e-10 in float64, 1e-4 in float32.
@@ -397,7 +397,7 @@ class SymplecticStiefel(Manifold):
         return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp)) <= atol
 
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
-        """Yᵀ𝕁Δ symmetric: |(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| ≤ atol·max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)."""
+        """Yᵀ𝕁Δ symmetric: ``|(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| ≤ atol·max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)``."""
         xp = self._check_tangent_shape(Y, D, "D")
         self._check_trailing(Y, "Y", self.point_shape)
         atol = self.default_atol(D.dtype, xp) if atol is None else atol

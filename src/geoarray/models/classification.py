@@ -9,7 +9,7 @@ from ..nn._checks import check_size
 
 __all__ = ["ClassificationTransformer"]
 
-Array = Any
+from .._typing import Array
 
 
 class ClassificationTransformer(Layer):

@@ -33,8 +33,7 @@ __all__ = [
     "zeros",
 ]
 
-Array = Any
-
+from .._typing import Array
 
 # ---------------------------------------------------------------------------------------------
 # sizes (constructor arguments)

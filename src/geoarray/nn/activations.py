@@ -20,7 +20,7 @@ from .._backend import array_namespace
 
 __all__ = ["Activation", "gelu_tanh", "get_activation", "log_softmax", "softmax", "softmax_pullback"]
 
-Array = Any
+from .._typing import Array
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from .base import Layer
 
 __all__ = ["MultiHeadAttention"]
 
-Array = Any
+from .._typing import Array
 
 _KEYS = ("PQ", "PK", "PV")
 
@@ -40,7 +40,7 @@ class MultiHeadAttention(Layer):
 
     Scaling inside the softmax: ``scale`` s = 1 by default, as in eq. 14 and the reference
     implementation, so results compare with the paper. The usual 1/√d_h keeps logits O(1) for
-    unit-variance weights; with Stiefel projections |q_mᵀk_n| ≤ ‖x_m‖‖x_n‖ already, independent of
+    unit-variance weights; with Stiefel projections ``|q_mᵀk_n|`` ≤ ‖x_m‖‖x_n‖ already, independent of
     d_h and of the weights, so the input's scale sets the temperature. Pass
     ``scale=1/math.sqrt(dim // n_heads)`` for the Vaswani et al. convention. The softmax subtracts
     the row maximum, so large logits do not overflow.

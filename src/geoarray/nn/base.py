@@ -24,7 +24,8 @@ from .activations import Activation
 
 __all__ = ["Chain", "Layer"]
 
-Array = Any
+from .._typing import Array
+
 Pullback = Callable[[Array], tuple[Any, Array]]
 
 

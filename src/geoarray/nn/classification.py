@@ -12,7 +12,7 @@ from .base import Layer
 
 __all__ = ["ClassificationLayer"]
 
-Array = Any
+from .._typing import Array
 
 
 class ClassificationLayer(Layer):

@@ -17,7 +17,7 @@ from .base import Layer
 
 __all__ = ["Dense", "ResNetLayer"]
 
-Array = Any
+from .._typing import Array
 
 
 class _Affine(Layer):

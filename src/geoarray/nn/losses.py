@@ -48,8 +48,7 @@ __all__ = [
     "softmax_pullback",
 ]
 
-Array = Any
-
+from .._typing import Array
 
 # ---------------------------------------------------------------------------------------------
 # the loss contract

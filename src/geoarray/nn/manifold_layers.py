@@ -16,7 +16,7 @@ from .base import Layer
 
 __all__ = ["GrassmannLayer", "StiefelLayer"]
 
-Array = Any
+from .._typing import Array
 
 
 class _FrameLayer(Layer):

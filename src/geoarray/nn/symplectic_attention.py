@@ -29,7 +29,7 @@ __all__ = [
     "SymplecticAttentionQ",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 def _halves(x: Array, k: int) -> tuple[Array, Array]:

@@ -57,7 +57,7 @@ __all__ = [
     "PSDLayer",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 class _PointwiseLayer(Layer):

@@ -24,8 +24,7 @@ from .base import Layer
 
 __all__ = ["VolumePreservingAttention", "VolumePreservingLowerLayer", "VolumePreservingUpperLayer"]
 
-Array = Any
-
+from .._typing import Array
 
 # --------------------------------------------------------------------------------------------
 # Volume-preserving attention
@@ -60,7 +59,7 @@ class VolumePreservingAttention(Layer):
     variant: C = (L − Lᵀ)/√dim with L the strictly lower triangle of x A xᵀ (entries z⁽ⁱ⁾ᵀ A z⁽ʲ⁾,
     i > j) for an arbitrary A. Λ is still orthogonal, but **this variant is not volume-preserving**:
     C is no longer of the form x S xᵀ and det ∂y/∂x ≠ 1 (for standard-normal A and x, T ≤ 8, d ≤ 5
-    we measured det J from −280 to 520, median |det J − 1| ≈ 1.3). It is provided for comparison
+    we measured det J from −280 to 520, median ``|det J − 1|`` ≈ 1.3). It is provided for comparison
     with the reference only.
 
     ``seq_len`` is optional (``VolumePreservingAttention(dim, seq_len, skew_sym=True)`` and

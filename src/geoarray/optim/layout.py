@@ -51,7 +51,7 @@ __all__ = [
     "unpack",
 ]
 
-Array = Any
+from .._typing import Array
 
 #: how a group's leaves become one array: the single leaf as it is, stacked on a new leading axis,
 #: or raveled and concatenated (Euclidean leaves)

@@ -37,7 +37,7 @@ from .transforms import check_unit_interval, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
-Array = Any
+from .._typing import Array
 
 
 class NoDual(NamedTuple):
@@ -45,6 +45,9 @@ class NoDual(NamedTuple):
 
 
 class ManifoldMuonState(NamedTuple):
+    """State of :class:`ManifoldMuon`: step count, momentum buffers and warm-started duals per group,
+    the Muon state of the Euclidean matrices, and the layout of the tree."""
+
     step: Array
     buffers: tuple  # per group: the EMA momentum buffer (ambient coordinates, shaped like the group)
     duals: tuple  # per group: the Stiefel dual variable P (..., n, n), or NoDual()

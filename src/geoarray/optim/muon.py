@@ -46,12 +46,14 @@ __all__ = [
     "scale_by_muon",
 ]
 
-Array = Any
+from .._typing import Array
 
 #: the retractions of manifold Muon: polar(Y − lr·A*), or exp/Cayley through g^hor
 MANIFOLD_MUON_RETRACTIONS = ("polar", "geodesic", "cayley")
 
 # Keller Jordan's coefficients, also torch.optim.Muon's defaults
+#: The quintic Newton–Schulz coefficients (a, b, c) of Muon's orthogonalisation X ← aX + b(XXᵀ)X + c(XXᵀ)²X
+#: (Keller Jordan's tuned values, as torch.optim.Muon).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 

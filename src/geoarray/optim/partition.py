@@ -35,6 +35,8 @@ class PartitionLayout:
 
 
 class PartitionState(NamedTuple):
+    """State of :func:`partition`: each member optimizer's state by key, and the labelled layout of the tree."""
+
     states: dict  # key → the member optimizer's state
     layout: PartitionLayout
 

@@ -102,7 +102,8 @@ __all__ = [
     "riemannian",
 ]
 
-Array = Any
+from .._typing import Array
+
 ON_NONFINITE = ("skip", "raise", "ignore")
 
 

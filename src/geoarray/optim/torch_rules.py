@@ -29,8 +29,7 @@ from .transforms import (
 
 __all__ = ["ScaleBySGDState", "ScaleByTorchAdamState", "scale", "scale_by_torch_adam", "scale_by_torch_sgd"]
 
-Array = Any
-
+from .._typing import Array
 
 # ---------------------------------------------------------------------------------------------
 # torch.optim's formulas (geoarray.torch's Adam, AdamW and SGD)
@@ -38,6 +37,8 @@ Array = Any
 
 
 class ScaleByTorchAdamState(NamedTuple):
+    """State of :func:`scale_by_torch_adam`: torch.optim.Adam's buffers under torch's names."""
+
     count: Array  # steps taken (integer)
     exp_avg: Any  # mₜ, torch's exp_avg (not bias-corrected)
     exp_avg_sq: Any  # vₜ, torch's exp_avg_sq (not bias-corrected)
@@ -45,6 +46,8 @@ class ScaleByTorchAdamState(NamedTuple):
 
 
 class ScaleBySGDState(NamedTuple):
+    """State of :func:`scale_by_torch_sgd`: the step count and torch.optim.SGD's momentum buffer."""
+
     count: Array  # steps taken (integer)
     momentum_buffer: Any  # torch's momentum_buffer, or () when momentum is 0 (nothing stored)
 

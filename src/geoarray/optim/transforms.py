@@ -52,7 +52,7 @@ __all__ = [
     "scale_by_momentum",
 ]
 
-Array = Any
+from .._typing import Array
 
 
 class GradientTransformation(NamedTuple):
@@ -80,28 +80,36 @@ class EmptyState(NamedTuple):
 
 
 class ScaleByAdamState(NamedTuple):
+    """State of :func:`scale_by_adam`: the step count and the moments B₁, B₂ of eq. 5."""
+
     count: Array  # steps taken (integer)
     mu: Any  # B₁: bias-corrected first moment (eq. 5)
     nu: Any  # B₂: bias-corrected second moment (eq. 5)
 
 
 class ScaleByMomentumState(NamedTuple):
+    """State of :func:`scale_by_momentum`: the momentum cache of eq. 8."""
+
     trace: Any  # the momentum cache of eq. 8
 
 
 class ScaleByScheduleState(NamedTuple):
+    """State of :func:`scale_by_learning_rate` with a schedule: the step count it is evaluated at."""
+
     count: Array
 
 
 class AddDecayedWeightsState(NamedTuple):
-    pass
+    """State of :func:`add_decayed_weights`: none (the decay is memoryless)."""
 
 
 class ClipByGlobalNormState(NamedTuple):
-    pass
+    """State of :func:`clip_by_global_norm`: none (the clipping is memoryless)."""
 
 
 class ScaleByBFGSState(NamedTuple):
+    """State of :func:`scale_by_bfgs`: the previous gradient and step and the inverse-Hessian estimate H."""
+
     count: Array
     prev_grad: Any  # B at the previous step
     prev_step: Any  # the previous step W (which led to the current point)

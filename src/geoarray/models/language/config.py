@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-Array = Any
-
 ARCHS = ("gpt2", "llama", "bert")
 _ACTIVATIONS = {"gpt2": ("gelu_new", "gelu", "relu"), "bert": ("gelu", "gelu_new", "relu"), "llama": ("swiglu",)}
 _DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "bert": "gelu", "llama": "swiglu"}
@@ -104,6 +102,8 @@ class LanguageModelConfig:
 
 _FIELDS = {f.name for f in fields(LanguageModelConfig)}
 
+#: Named configurations (``gpt2``, ``gpt2-xl``, ``llama-65b``, ...) accepted wherever a
+#: :class:`LanguageModelConfig` is: the models of van Nierop's Table 1.
 PRESETS: dict[str, dict[str, Any]] = {
     # the configurations of van Nierop's Table 1 (Hugging Face gpt2, gpt2-xl; LLaMA-65B of Touvron et al.)
     "gpt2": dict(arch="gpt2", n_layers=12, n_heads=12, d_head=64, d_model=768, d_ff=3072, vocab=50257, n_ctx=1024),

@@ -7,9 +7,8 @@ import math
 from typing import Any
 
 from ..._backend import array_namespace
+from ..._typing import Array
 from ...nn.activations import gelu_tanh
-
-Array = Any
 
 # ---------------------------------------------------------------------------------------------
 # elementwise functions (the array API has no erf; GELU variants, SiLU)

@@ -9,10 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._backend import array_namespace, as_namespace, resolve_dtype
+from ..._typing import Array
 from .config import LanguageModelConfig, as_config
 from .model import TransformerLM
-
-Array = Any
 
 # ---------------------------------------------------------------------------------------------
 # Hugging Face layouts and safetensors

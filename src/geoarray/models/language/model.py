@@ -9,11 +9,10 @@ from typing import Any
 
 from ... import random as _random
 from ..._backend import array_namespace, as_namespace, resolve_dtype
+from ..._typing import Array
 from ...nn.activations import log_softmax
 from .config import LanguageModelConfig, as_config
 from .functions import activation, apply_rope, layer_norm, rms_norm, rope_tables, silu
-
-Array = Any
 
 # ---------------------------------------------------------------------------------------------
 # the model

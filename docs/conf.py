@@ -1,0 +1,78 @@
+"""Sphinx configuration of the geoarray documentation: ``nox -s docs`` (or ``sphinx-build -W -b html docs
+docs/_build/html`` in an environment with ``.[docs]``) builds it; warnings are errors.
+
+Formulas are typeset by MathJax 3 served from ``_static/mathjax`` — a copy of the files that the
+``sphinx-mathjax-offline`` package ships — so the pages render on a machine without network access.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+sys.path.insert(0, str(HERE.parent / "src"))  # the source tree, also when geoarray is not installed
+
+import geoarray  # noqa: E402
+
+project = "geoarray"
+author = "The geoarray developers"
+copyright = "2026, The geoarray developers"
+release = geoarray.__version__
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+    "public_api",  # docs/_ext: one page per public module; fails the build on an undocumented public name
+]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+autodoc_preserve_defaults = True
+# geoarray._typing.Array is Any to a type checker; the pages name it (api/index.md says what it is)
+autodoc_type_aliases = {"Array": "Array"}
+autosummary_generate = False  # the API pages are written by public_api, not by autosummary
+autodoc_mock_imports: list[str] = []
+# the docstrings cross-reference each other with :class:/:func:; an unresolvable one is a warning
+nitpicky = False
+
+html_theme = "furo"
+html_title = f"geoarray {release}"
+html_static_path = ["_static"]
+
+# MathJax without network: the package's files are copied into _static/mathjax (what the pages load)
+_MATHJAX_PARTS = ("tex-chtml.js", "input", "output/chtml", "output/chtml.js", "ui", "a11y", "adaptors")
+
+
+def _copy_mathjax() -> None:
+    dist = importlib.metadata.distribution("sphinx-mathjax-offline")
+    source = Path(dist.locate_file("sphinx-mathjax-offline/static/mathjax"))
+    if not (source / "tex-chtml.js").is_file():
+        raise RuntimeError(f"sphinx-mathjax-offline has no tex-chtml.js under {source}: reinstall it")
+    target = HERE / "_static" / "mathjax"
+    if (target / "tex-chtml.js").is_file():
+        return
+    for part in _MATHJAX_PARTS:
+        src = source / part
+        dst = target / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copy2(src, dst)
+
+
+_copy_mathjax()
+mathjax_path = "mathjax/tex-chtml.js"
