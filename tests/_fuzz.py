@@ -51,7 +51,7 @@ DTYPES = ("float64", "float32", "float16", "int64", "complex128", "bool")
 
 #: values a fuzzed scalar hyperparameter may take: valid ones and every kind of wrong one
 BAD_SCALARS = st.sampled_from(
-    [0.0, 0.5, 1.0, 2.0, 1e-3, -1.0, -1e-3, float("nan"), float("inf"), -float("inf"), 1e308,
+    [0.0, 0.5, 1.0, 2.0, 1e-3, -1.0, -1e-3, float("nan"), float("inf"), -float("inf"), 1e6,
      "oops", "0.1", True, False, None, [0.1], (0.1,), 1j, 3]
 )  # fmt: skip
 
