@@ -7,7 +7,9 @@ exception type — and the inputs unchanged bit for bit either way.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -27,8 +29,9 @@ SETTINGS = {
     "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 }
 
-#: JAX compiles each kernel once per shape and dtype (seconds each): its targets run 1/JAX_SHARE of the cases
-JAX_SHARE = 5
+#: JAX compiles each kernel once per shape and dtype (about a second per case; op-by-op dispatch under
+#: jax.disable_jit was measured no faster): its targets run 1/JAX_SHARE of the cases
+JAX_SHARE = 10
 
 
 def cases(n: int, backend: Any) -> int:
@@ -41,9 +44,30 @@ def fuzz(n: int, backend: Any) -> Callable:
     a function defined inside the test, so the count can depend on the backend fixture)."""
 
     def wrap(f: Callable) -> Callable:
-        return settings(max_examples=cases(n, backend), **SETTINGS)(given(data=st.data())(f))
+        count = [0]
+
+        def counted(data: Any) -> None:
+            f(data)
+            count[0] += 1
+
+        test = settings(max_examples=cases(n, backend), **SETTINGS)(given(data=st.data())(counted))
+
+        def run() -> None:
+            test()
+            record(count[0])
+
+        return run
 
     return wrap
+
+
+def record(count: int) -> None:
+    """Append the number of cases the current test ran to $GEOARRAY_FUZZ_COUNTS (a JSON-lines file), if set."""
+    path = os.environ.get("GEOARRAY_FUZZ_COUNTS")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"test": test, "cases": count}) + "\n")
 
 
 #: dtypes a fuzzed array may have (a backend without one, such as array-api-strict's float16, skips it)

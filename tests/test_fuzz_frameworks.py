@@ -12,7 +12,7 @@
   array, a list, None) and states (None, a tuple, another transformation's state for another tree).
   Outcome: an error naming the argument, or finite updates whose application stays on the manifold.
 
-Cases per target: ``CASES`` (a fifth on JAX: ``_fuzz.cases``).
+Cases per target: ``CASES`` (a tenth on JAX: ``_fuzz.cases``).
 """
 
 from __future__ import annotations

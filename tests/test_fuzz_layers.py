@@ -7,7 +7,7 @@ a key missing or extra, a parameter of another shape or dtype, a list instead of
 float32, float16, int64, complex128, bool; NaN/inf entries) and, for ``vjp``, a cotangent of its own
 shape and dtype. Every outcome is a ``ValueError``/``TypeError`` naming ``x``, ``params`` or ``dy``, or a
 result of the documented shape that is finite whenever the input is; and neither the parameters nor the
-input nor the cotangent is modified (bit for bit). Cases: ``CASES`` (a fifth on JAX: ``_fuzz.cases``).
+input nor the cotangent is modified (bit for bit). Cases: ``CASES`` (a tenth on JAX: ``_fuzz.cases``).
 """
 
 from __future__ import annotations

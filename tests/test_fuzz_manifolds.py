@@ -13,7 +13,7 @@ NaN / ±inf / 1e30 entries. Every outcome must be
   (|YᵀΔ + ΔᵀY| or its symplectic analogue within a dtype tolerance), and retracted points lie on the
   manifold; non-finite input may give a non-finite result or an error, never another exception type;
 
-and no input array is changed (bit for bit). Cases per target: ``CASES`` (a fifth on JAX, which compiles
+and no input array is changed (bit for bit). Cases per target: ``CASES`` (a tenth on JAX, which compiles
 each kernel per shape:
 ``_fuzz.cases``).
 """

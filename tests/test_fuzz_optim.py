@@ -1,6 +1,6 @@
 """Fuzzing the core optimizers (issue #29, item 6): hyperparameters, and ``init``/``update`` on mismatched trees.
 
-Targets (hypothesis, derandomized; cases per target in ``CASES``, a fifth on JAX — see ``_fuzz.cases``):
+Targets (hypothesis, derandomized; cases per target in ``CASES``, a tenth on JAX — see ``_fuzz.cases``):
 
 * ``hyperparameters``: ``Gradient``, ``Momentum``, ``Adam``, ``BFGS``, ``ManifoldMuon`` and ``partition``
   built with one hyperparameter drawn from valid and wrong values (negative, zero, NaN, ±inf, 1e308,
@@ -52,7 +52,7 @@ def _partition(**kw):
 
 FACTORIES = {
     "Gradient": (optim.Gradient, {"lr": _NONNEG}),
-    "Momentum": (optim.Momentum, {"lr": _NONNEG, "alpha": _unit}),
+    "Momentum": (optim.Momentum, {"lr": _NONNEG, "alpha": lambda v: is_valid_number(v, high=1.0)}),  # α = 1: no decay
     "Adam": (optim.Adam, {"lr": _NONNEG, "beta1": _unit, "beta2": _unit, "delta": _NONNEG, "eps": _NONNEG}),
     "BFGS": (optim.BFGS, {"lr": _NONNEG, "curvature_eps": _NONNEG}),
     "ManifoldMuon": (
