@@ -31,7 +31,7 @@ from _fuzz import DTYPES, SETTINGS, finite, fuzz, host_array, outcome, to_backen
 from _helpers import to_numpy
 from geoarray.manifolds import Grassmann, Stiefel, SymplecticStiefel
 
-CASES = {"constructors": 120, "random": 80, "operations": 250}
+CASES = {"constructors": 120, "random": 80, "operations": 250, "tangent": 150}
 
 _SIZES = st.sampled_from([1, 2, 3, 4, 6, 0, -1, 2.0, 2.5, float("nan"), True, False, None, "3", np.int64(4), [2]])
 _CHOICES = st.sampled_from(["householder", "random", "transported", "rotated", "geodesic", "cayley", "", None, 1])
@@ -251,6 +251,43 @@ def _operation_case(xp, device, data):
         assert not (y_ok and w_ok), err
 
 
+def test_tangent_operations_on_fuzzed_arrays(xp, device, backend):
+    fuzz(CASES["tangent"], backend)(lambda data: _tangent_case(xp, device, data))()
+
+
+def _tangent_case(xp, device, data):
+    """is_tangent, metric, project, omega and spectral_direction at a valid point, on a drawn D."""
+    M = _manifold(data)
+    ops = ["is_tangent", "metric"] + ([] if isinstance(M, SymplecticStiefel) else ["project", "spectral_direction"])
+    op = data.draw(st.sampled_from([*ops, "omega"]), label="op")
+    batch = data.draw(st.sampled_from([(), (2,)]), label="batch")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    Y = M.random(int(rng.integers(2**31)), xp=xp, batch_shape=batch, dtype=xp.float64, device=device)
+    d_dtype = data.draw(st.sampled_from(["float64"] * 4 + _dtypes(xp)), label="D dtype")
+    special, shape = data.draw(_SPECIAL, label="D entries"), data.draw(_SHAPE, label="D")
+    shape = "ok" if shape == "transposed" and M.point_shape[0] == M.point_shape[1] else shape
+    D = to_backend(_reshape(host_array(rng, (*batch, *M.point_shape), special), shape, rng), xp, device, d_dtype)
+    if data.draw(st.integers(0, 9), label="None") == 0:
+        D, d_dtype = None, "None"
+    valid = d_dtype == "float64" and shape == "ok"
+    call = {
+        "is_tangent": lambda: M.is_tangent(Y, D),
+        "metric": lambda: M.metric(Y, D, D),
+        "project": lambda: M.project(Y, D),
+        "spectral_direction": lambda: M.spectral_direction(Y, D),
+        "omega": lambda: M.omega(Y, D),
+    }[op]
+    res, err = outcome(call, ("D", "D1", "G", "Y"), (Y, D))
+    if err is not None:
+        assert not valid, err
+        return
+    assert valid, f"{op} accepted D of {d_dtype}, {shape}"
+    if special == "finite" and op != "is_tangent":
+        assert finite(res), f"{op}: non-finite result from finite input"
+    if op == "project" and special == "finite":
+        assert M.is_tangent(Y, res, atol=1e-10)
+
+
 def test_an_array_on_another_device_is_refused_naming_it(xp, device, backend):
     if backend.kind != "torch":
         pytest.skip("only torch has a second device on every CPU machine (meta)")
@@ -267,6 +304,13 @@ def test_an_array_on_another_device_is_refused_naming_it(xp, device, backend):
 
 
 # -- defects the targets above found (regressions) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("M", [Stiefel(5, 2), Grassmann(5, 2)])
+def test_spectral_direction_names_a_missing_gradient(xp, device, M):
+    # before: AttributeError "'NoneType' object has no attribute 'dtype'"
+    with pytest.raises(TypeError, match="G must be an array, got None"):
+        M.spectral_direction(M.random(0, xp=xp, device=device), None)
 
 
 @pytest.mark.parametrize("M", [Stiefel(4, 2), Grassmann(4, 2), SymplecticStiefel(4, 2)])
