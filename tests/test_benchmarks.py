@@ -172,3 +172,17 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
         for key in ("jit_ms", "compile_s"):
             _positive_finite(row[key], key)
     assert "tiny" in capsys.readouterr().out
+
+
+def test_soak_json(bench_backend, tmp_path, capsys):
+    path = tmp_path / "soak.json"
+    argv = ["--backend", bench_backend, "--set", "tiny", "--steps", "20", "--every", "10", "--warmup", "10"]
+    _load("soak").main([*argv, "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert out["backend"] == bench_backend and out["steps"] == 20 and out["shape"] == [4, 6, 2]
+    assert [r["step"] for r in out["rows"]] == [0, 10, 20]
+    assert 0 <= out["max_drift"] < 1e-5, "the float32 Stiefel weights left the manifold"
+    _positive_finite(out["rss_last_mb"], "rss_last_mb")
+    _positive_finite(out["ms_per_step"], "ms_per_step")
+    assert math.isfinite(out["rss_growth_mb"]) and out["rss_growth_from_step"] == 10
+    assert f"{bench_backend}: 20 steps of Adam on 4 × Stiefel(6, 2) float32" in capsys.readouterr().out

@@ -27,7 +27,9 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``geoarray train vit: error: ...``) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        from .commands._common import one_line
+
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +69,7 @@ def _missing_subcommand(parser: argparse.ArgumentParser, sub: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 on success, 2 on a usage or input error, 1 on a
     file-system error), and reports an error in one line on stderr, never a traceback."""
-    from .commands._common import CommandError
+    from .commands._common import CommandError, one_line
 
     parser = build_parser()
     try:
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except CommandError as exc:
         prog = getattr(args, "prog", "geoarray")
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as exc:
         # the library's input errors name the argument, the value and the fix: one line, as argparse's
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("GEOARRAY_TRACEBACK"):
             raise
         prog = getattr(args, "prog", "geoarray")
-        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(' '.join(str(exc).split()))}", file=sys.stderr)
         return 1 if isinstance(exc, OSError) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

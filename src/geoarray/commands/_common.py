@@ -12,12 +12,19 @@ __all__ = [
     "add_common_train_options",
     "checkpoint_options",
     "namespace_for",
+    "one_line",
     "positive_float",
     "positive_int",
     "write_json",
 ]
 
 BACKENDS = ("numpy", "torch", "jax", "array-api-strict")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: a line break or another control character (which an argument echoed in an
+    error may carry, e.g. ``$'\\r'``) is written as its escape, so an error stays one line on stderr."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
 
 
 class CommandError(Exception):

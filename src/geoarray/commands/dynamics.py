@@ -106,18 +106,38 @@ def _problem(args: argparse.Namespace, xp: Any) -> tuple:
     return model, train, val, inv, "energy H"
 
 
+#: states the command integrates in memory (training set and rollout each): 10⁷ float64 states of
+#: dimension ≤ 4 are 320 MB; beyond, a typo such as --n-traj 10000000000 would run for hours or exhaust memory
+MAX_STATES = 10_000_000
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    """The window length against --n-steps and the sizes against :data:`MAX_STATES`, before anything is
+    integrated (the first check used to come after the trajectories were generated)."""
+    T = getattr(args, "seq_len", 1)
+    if args.n_steps + 1 < 2 * T:
+        raise CommandError(f"--n-steps must be at least {2 * T - 1} for --seq-len {T}, got {args.n_steps}")
+    states = args.n_traj * (args.n_steps + 1)
+    if states > MAX_STATES:
+        raise CommandError(
+            f"--n-traj {args.n_traj} × (--n-steps {args.n_steps} + 1) = {states:,} states exceed the "
+            f"{MAX_STATES:,} this command integrates in memory; use fewer trajectories or steps"
+        )
+    if args.rollout + T > MAX_STATES:
+        raise CommandError(f"--rollout {args.rollout} exceeds the {MAX_STATES:,} states of a validation rollout")
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import models, nn, optim, train
     from ..data import windows
     from ._common import checkpoint_options, namespace_for, require, write_json
 
+    _check_sizes(args)
     xp = namespace_for(args.backend)
     if args.out is not None:
         require("matplotlib")
     model, trajs, val, inv, inv_name = _problem(args, xp)
     T = args.seq_len
-    if args.n_steps + 1 < 2 * T:
-        raise CommandError(f"--n-steps must be at least {2 * T - 1} for --seq-len {T}, got {args.n_steps}")
     x, y = windows(trajs, T, T)
     params = model.init(args.seed, xp=xp, dtype=xp.float64)
     result = train.fit(

@@ -44,7 +44,9 @@ MAX_RANDOM_PARAMS = 200_000_000
 
 
 def _fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    from ._common import one_line
+
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
     return 2
 
 

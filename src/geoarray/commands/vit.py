@@ -126,12 +126,19 @@ def _load(args: argparse.Namespace, xp: Any) -> tuple[tuple[Any, Any], tuple[Any
     return train, test, patch
 
 
+#: a guard against a typo such as --n-layers 80000000 (the paper's deepest ViT has 16 blocks), which would
+#: allocate gigabytes of weights before the first step
+MAX_LAYERS = 1024
+
+
 def _heads(args: argparse.Namespace) -> tuple[int, int]:
     """(patch size, heads) from the options, checked before any data is read."""
     patch = args.patch_size if args.patch_size is not None else (7 if getattr(args, "data", "digits") == "mnist" else 4)
     n_heads = args.n_heads if args.n_heads is not None else patch
     if (patch * patch) % n_heads:
         raise CommandError(f"--n-heads {n_heads} must divide the patch dimension {patch * patch}")
+    if args.n_layers > MAX_LAYERS:
+        raise CommandError(f"--n-layers {args.n_layers} is more than the {MAX_LAYERS} blocks this command builds")
     return patch, n_heads
 
 

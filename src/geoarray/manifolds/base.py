@@ -29,7 +29,7 @@ from typing import Any
 from .. import _backend
 from .._backend import array_namespace, check_real_floating
 
-__all__ = ["RETRACTIONS", "SECTIONS", "Manifold", "check_choice", "check_size"]
+__all__ = ["RETRACTIONS", "SECTIONS", "Manifold", "check_batch_shape", "check_choice", "check_size"]
 
 from .._typing import Array
 
@@ -48,6 +48,20 @@ def check_size(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
+
+
+def check_batch_shape(value: Any, name: str = "batch_shape") -> tuple[int, ...]:
+    """A tuple (or list) of non-negative ints; ``random(..., batch_shape=3)`` is refused with the fix
+    ``(3,)`` rather than failing inside the random-number generator (or a float 2.0 taken as 2)."""
+    if isinstance(value, (tuple, list)) and not any(isinstance(v, bool) for v in value):
+        try:
+            out = tuple(operator.index(v) for v in value)
+        except TypeError:
+            out = None
+        if out is not None and all(v >= 0 for v in out):
+            return out
+    hint = f"; pass ({value},)" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise TypeError(f"{name} must be a tuple of non-negative ints, got {value!r}{hint}")
 
 
 def check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:
@@ -201,6 +215,18 @@ class Manifold(abc.ABC):
         if getattr(self, "validate", False) and not self.is_point(Y):
             raise ValueError(f"{name} is not a point of {self!r} (validate=True)")
         return xp
+
+    @staticmethod
+    def _check_full_precision(Y: Array, name: str = "Y") -> None:
+        """Sections factorise Y (QR, LU), which no backend offers in half precision: refuse it here
+        rather than with the backend's NotImplementedError from inside the kernel."""
+        name_ = _backend.dtype_name(Y.dtype)
+        if name_ in ("float16", "bfloat16"):
+            raise TypeError(
+                f"{name} has dtype {name_}: sections need float32 or float64 (no backend factorises half "
+                f"precision); cast it first, e.g. xp.astype({name}, xp.float32) (geoarray.optim steps "
+                "half-precision leaves in float32 for you)"
+            )
 
     def _check_tangent_shape(self, Y: Array, D: Array, name: str) -> Any:
         xp = self._namespace(Y=Y, **{name: D})

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import _backend
 from .. import random as _random
-from .base import Manifold
+from .base import Manifold, check_batch_shape
 
 __all__ = ["Euclidean"]
 
@@ -40,7 +40,7 @@ class Euclidean(Manifold):
         self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
     ) -> Array:
         """Standard normal entries of shape ``batch_shape``."""
-        return _random.normal(seed, tuple(batch_shape), xp=xp, dtype=dtype, device=device)
+        return _random.normal(seed, check_batch_shape(batch_shape), xp=xp, dtype=dtype, device=device)
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
         xp = self._namespace(Y=Y)

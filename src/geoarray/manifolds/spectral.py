@@ -49,6 +49,9 @@ from .._typing import Array
 
 
 def _check(Y: Array, G: Array, P0: Array | None = None) -> Any:
+    for name, a in (("Y", Y), ("G", G)):  # array_namespace passes None over (it is P0's "not given")
+        if a is None:
+            raise TypeError(f"{name} must be an array, got None")
     xp = array_namespace(Y=Y, G=G, P0=P0)
     check_real_floating(Y, "Y", xp)
     check_real_floating(G, "G", xp)

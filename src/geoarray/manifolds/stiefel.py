@@ -32,7 +32,7 @@ from .. import _backend, linalg
 from .. import random as _random
 from .._backend import as_namespace
 from .._backend import device as _device
-from .base import RETRACTIONS, SECTIONS, Manifold, check_choice, check_size
+from .base import RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
 from .retraction import retract_e, retraction_kernel
 from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, householder_section
@@ -130,7 +130,7 @@ class OrthonormalFrames(Manifold):
         unique and the distribution is the uniform (Haar) one (Mezzadri 2006).
         """
         xp = as_namespace(xp)
-        A = _random.normal(seed, (*tuple(batch_shape), self.N, self.n), xp=xp, dtype=dtype, device=device)
+        A = _random.normal(seed, (*check_batch_shape(batch_shape), self.N, self.n), xp=xp, dtype=dtype, device=device)
         Q, R = xp.linalg.qr(A)
         d = xp.linalg.diagonal(R)
         signs = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
@@ -160,6 +160,7 @@ class OrthonormalFrames(Manifold):
         this is the initial section; the optimizer carries it on with :meth:`transport_section`.
         """
         xp = self._check_point(Y)
+        self._check_full_precision(Y)
         strategy = self._strategy(strategy)
         if strategy == "random":
             if seed is None:

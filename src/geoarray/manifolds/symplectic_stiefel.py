@@ -79,7 +79,7 @@ from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from ._symplectic import broadcast_shapes, hamiltonian_blocks, j_times, jt_times, rows, stack_rows, symplectic_inverse
-from .base import Manifold, check_choice, check_size
+from .base import Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import SymplecticStiefelHorizontal
 from .retraction import retract_e
 from .sections import SymplecticSection, lam_apply_inv
@@ -369,7 +369,7 @@ class SymplecticStiefel(Manifold):
         for the default).
         """
         xp = as_namespace(xp)
-        batch = tuple(batch_shape)
+        batch = check_batch_shape(batch_shape)
         n, m = self.n, self.N - self.n
         sigma = scale / math.sqrt(self.N2)
         shapes = [(n, n), (n, n), (n, n), (2 * m, 2 * n), (self.N2, self.n2)]
@@ -394,6 +394,8 @@ class SymplecticStiefel(Manifold):
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
         atol = self.default_atol(Y.dtype, xp) if atol is None else atol
+        if math.prod(Y.shape) == 0:  # an empty batch: vacuously on the manifold (a max over nothing has no value)
+            return True
         return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp)) <= atol
 
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
@@ -451,6 +453,7 @@ class SymplecticStiefel(Manifold):
         compatibility and ignored); O(N·n²) time, O(N·n) memory.
         """
         xp = self._check_point(Y)
+        self._check_full_precision(Y)
         self._strategy(strategy)
         kernel = _backend.compiled(_section, xp, "xp", "resymplectify")
         return SymplecticSection(*kernel(Y, xp=xp, resymplectify=self.resymplectify))

@@ -102,10 +102,18 @@ def check_input(
     return xp
 
 
-def check_cotangent(layer: Any, dy: Array, y_shape: tuple[int, ...]) -> None:
-    """The cotangent ``dy`` handed to a pullback has the shape of the layer's output."""
+def check_cotangent(layer: Any, dy: Array, y_shape: tuple[int, ...], y_dtype: Any = None) -> None:
+    """The cotangent ``dy`` handed to a pullback is an array of the layer output's shape (and dtype:
+    a float32 ``dy`` for a float64 output would be promoted silently by NumPy and refused by torch's
+    matmul with a RuntimeError)."""
+    if getattr(dy, "shape", None) is None or getattr(dy, "dtype", None) is None:
+        raise TypeError(
+            f"{layer!r}: dy must be an array of the output's shape {tuple(y_shape)}, got {type(dy).__name__}"
+        )
     if tuple(dy.shape) != tuple(y_shape):
         raise ValueError(f"{layer!r}: dy must have the output's shape {tuple(y_shape)}, got shape {tuple(dy.shape)}")
+    if y_dtype is not None and dy.dtype != y_dtype:
+        raise TypeError(f"{layer!r}: dy must have the output's dtype {y_dtype}, got {dy.dtype}; cast it")
 
 
 # ---------------------------------------------------------------------------------------------

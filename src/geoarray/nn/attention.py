@@ -132,7 +132,7 @@ class MultiHeadAttention(Layer):
         swap = self._swap(len(batch))
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dO = xp.permute_dims(xp.reshape(dy, (*batch, T, h, dh)), swap)  # (..., h, T, d_h)
             dA = dO @ xp.matrix_transpose(V)
             dV = xp.matrix_transpose(A) @ dO

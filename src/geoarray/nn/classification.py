@@ -60,7 +60,7 @@ class ClassificationLayer(Layer):
         T = x.shape[-2]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dz = dy if self.logits else softmax_pullback(y, dy, axis=-1)
             dW = sum_outer(dz, h, xp)
             dh = dz @ W

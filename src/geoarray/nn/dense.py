@@ -65,7 +65,7 @@ class _Affine(Layer):
         W = params["W"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dz = dy * self.activation.deriv(z)
             grads = {"W": sum_outer(dz, x, xp)}
             if self.use_bias:

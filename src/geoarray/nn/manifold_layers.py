@@ -65,7 +65,7 @@ class StiefelLayer(_FrameLayer):
         Y = params["Y"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             if self.transpose:
                 return {"Y": sum_outer(x, dy, xp)}, dy @ xp.matrix_transpose(Y)
             return {"Y": sum_outer(dy, x, xp)}, dy @ Y
@@ -102,7 +102,7 @@ class GrassmannLayer(_FrameLayer):
         Y = params["Y"]
 
         def pullback(dy: Array) -> tuple[dict[str, Array], Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dc = dy @ Y
             dY = sum_outer(x, dc, xp) + sum_outer(dy, c, xp)
             return {"Y": dY}, dc @ xp.matrix_transpose(Y)

@@ -88,7 +88,7 @@ class _LinearSymplecticAttention(_SymplecticShear):
         y = self._combine(s, t + Abar @ s, xp)
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             ds, dt = self._split(dy)
             dx = self._combine(ds + Abar @ dt, dt, xp)  # Ā is symmetric: Āᵀ dt = Ā dt
             # ⟨dt, Ā s⟩ summed over batch and features → Σ dt sᵀ (T×T), projected by sym (self-adjoint)
@@ -227,7 +227,7 @@ class _SymplecticAttention(_SymplecticShear):
         mT = xp.matrix_transpose
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             ds, v = self._split(dy)
             # φ = ⟨v, ∇_s Σ⟩ = ⟨w, Ċ⟩ with Ċ = v Ae sᵀ + s Ae vᵀ (C differentiated along v). Its
             # gradients are the Hessian-vector product H v (w.r.t. s) and the cotangent of Ae:

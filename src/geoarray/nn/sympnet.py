@@ -104,7 +104,7 @@ class _Shear(_PointwiseLayer):
         y = xp.concat([q + inc, p] if self._update == "q" else [q, p + inc], axis=-1)
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dq, dp = dy[..., :k], dy[..., k:]
             dtarget, dsrc = (dq, dp) if self._update == "q" else (dp, dq)
             dparams, dsrc_inc = inc_pullback(dtarget)
@@ -291,7 +291,7 @@ class BiasLayer(_PointwiseLayer):
         y = x + params["b"]
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             return {"b": sum_lead(dy, xp)}, dy
 
         return y, pullback
@@ -343,7 +343,7 @@ class PSDLayer(_PointwiseLayer):
         y = xp.reshape(z @ M, (*lead, self.out_dim))
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             dz = xp.reshape(dy, (*lead, 2, half_out))
             dPhi = sum_outer(dz, z, xp) if self.lifting else sum_outer(z, dz, xp)
             dx = xp.reshape(dz @ xp.matrix_transpose(M), (*lead, self.in_dim))

@@ -129,7 +129,7 @@ class VolumePreservingAttention(Layer):
         mT = xp.matrix_transpose
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             # U = K⁻¹x, y = 2U − x:  x̄ = K⁻ᵀ(2ȳ) − ȳ,  K̄ = −K⁻ᵀ(2ȳ) Uᵀ,  C̄ = K̄ᵀ (K = I + Cᵀ)
             Gs = mT(Kinv) @ (2 * dy)
             dC = -mT(Gs @ mT(U))
@@ -201,7 +201,7 @@ class _VolumePreservingTriangularLayer(Layer):
         y, (xp, Wm, a) = self._forward(params, x)
 
         def pullback(dy: Array) -> tuple[dict, Array]:
-            check_cotangent(self, dy, y.shape)
+            check_cotangent(self, dy, y.shape, y.dtype)
             g = dy * self.activation.deriv(a)
             dx = dy + g @ Wm
             grads = {self._key: self._mask(sum_outer(g, x, xp), xp)}

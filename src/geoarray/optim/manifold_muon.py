@@ -33,7 +33,7 @@ from ..manifolds.stiefel import Stiefel
 from . import layout as _layout
 from .layout import Layout
 from .muon import MANIFOLD_MUON_RETRACTIONS, NS_COEFFICIENTS, manifold_muon_step, muon
-from .transforms import check_unit_interval, zero_count
+from .transforms import _check_nonnegative, check_unit_interval, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
@@ -100,8 +100,12 @@ class ManifoldMuon:
     ):
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
-            raise ValueError(f"lr must be a non-negative number, got {lr!r}")
+        _check_nonnegative(lr, "lr")
+        _check_nonnegative(weight_decay, "weight_decay")
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+        if not isinstance(group_same_shape, bool):
+            raise TypeError(f"group_same_shape must be a bool, got {group_same_shape!r}")
         if retraction not in MANIFOLD_MUON_RETRACTIONS:
             raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
         if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:

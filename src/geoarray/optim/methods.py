@@ -24,7 +24,14 @@ from typing import Any
 
 from .riemannian import RiemannianOptimizer
 from .schedules import as_schedule, exponential_decay
-from .transforms import chain, scale_by_adam, scale_by_bfgs, scale_by_learning_rate, scale_by_momentum
+from .transforms import (
+    _check_nonnegative,
+    chain,
+    scale_by_adam,
+    scale_by_bfgs,
+    scale_by_learning_rate,
+    scale_by_momentum,
+)
 
 __all__ = ["BFGS", "Adam", "AdamWithDecay", "Gradient", "Momentum"]
 
@@ -148,7 +155,7 @@ class BFGS(RiemannianOptimizer):
         **kwargs: Any,
     ):
         self.lr = as_schedule(lr)
-        self.curvature_eps = float(curvature_eps)
+        self.curvature_eps = _check_nonnegative(curvature_eps, "curvature_eps")
         super().__init__(
             scale_by_bfgs(lr, curvature_eps),
             section=section,

@@ -31,7 +31,7 @@ import optree
 from .. import _backend, linalg
 from .._backend import array_namespace
 from .layout import leaf_path
-from .transforms import GradientTransformation
+from .transforms import GradientTransformation, _check_nonnegative, check_unit_interval
 
 __all__ = [
     "MANIFOLD_MUON_RETRACTIONS",
@@ -112,16 +112,25 @@ def _adjust_ratio(shape: tuple, adjust_lr_fn: str | None) -> float:
 
 
 def _check_common(momentum: float, ns_coefficients: tuple, eps: float, ns_steps: int, adjust_lr_fn: Any) -> None:
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-    if len(tuple(ns_coefficients)) != 3:
-        raise ValueError(f"ns_coefficients must be three numbers (a, b, c), got {ns_coefficients!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
-    if not isinstance(ns_steps, int) or not 0 <= ns_steps < 100:
+    # each check refuses bools, strings and non-finite numbers itself (a comparison would raise Python's
+    # "'<=' not supported" TypeError, naming nothing, or let inf through)
+    check_unit_interval(momentum, "momentum")
+    try:
+        coefficients = tuple(ns_coefficients)
+    except TypeError:
+        coefficients = ()
+    if len(coefficients) != 3 or not all(_finite_number(c) for c in coefficients):
+        raise ValueError(f"ns_coefficients must be three finite numbers (a, b, c), got {ns_coefficients!r}")
+    if not _finite_number(eps) or not eps > 0:
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or not 0 <= ns_steps < 100:
         raise ValueError(f"ns_steps must be an int in [0, 100), got {ns_steps!r}")
     if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
         raise ValueError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _orthogonalize(g: Array, ns_coefficients: tuple, eps: float, ns_steps: int, ns_dtype: Any) -> Array:
@@ -234,10 +243,8 @@ def muon(
     must be passed to ``update`` when ``weight_decay`` ≠ 0. Set ``ns_dtype="bfloat16"`` to
     reproduce torch's bfloat16 iteration.
     """
-    if not lr >= 0:
-        raise ValueError(f"lr must be non-negative, got {lr!r}")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    _check_nonnegative(lr, "lr")
+    _check_nonnegative(weight_decay, "weight_decay")
     inner = scale_by_muon(momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype)
     lr_, wd = float(lr), float(weight_decay)
 

@@ -184,6 +184,8 @@ class RiemannianOptimizer:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int (it seeds 'random' sections), got {seed!r}")
+        if not isinstance(group_same_shape, bool):  # bool("no") is True: a string would group silently
+            raise TypeError(f"group_same_shape must be a bool, got {group_same_shape!r}")
         if consistent_frames and section == "random":
             raise ValueError(
                 f"{type(self).__name__} needs g^hor coordinates that are consistent between steps, but "

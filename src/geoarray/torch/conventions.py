@@ -93,6 +93,12 @@ def _number(group: dict, key: str, gi: Any, *, unit: bool = False, index: int | 
     return float(value)
 
 
+def _flag(group: dict, key: str, gi: Any) -> None:
+    # torch.optim takes any truthy value here; a string such as "no" would switch the flag on silently
+    if not isinstance(group[key], bool):
+        raise TypeError(f"param_groups[{gi}]['{key}'] must be a bool, got {group[key]!r}")
+
+
 class _TorchStyle(_Method):
     """Shared machinery: live hyperparameters (validated at every step), structural ones in the key."""
 
@@ -204,6 +210,8 @@ class Adam(_TorchStyle):
         _number(group, "weight_decay", gi)
         if eps == 0 and delta == 0:
             raise ValueError(f"param_groups[{gi}]: eps (outside the root) or delta (inside) must be > 0; both are 0")
+        for key in ("amsgrad", "maximize", "decoupled_weight_decay"):
+            _flag(group, key, gi)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         _check_flags(group, type(self).__name__)
@@ -307,6 +315,8 @@ class SGD(_TorchStyle):
     def _check_live(self, group: dict, gi: Any) -> None:
         momentum, dampening = _number(group, "momentum", gi), _number(group, "dampening", gi)
         _number(group, "weight_decay", gi)
+        _flag(group, "nesterov", gi)
+        _flag(group, "maximize", gi)
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
             raise ValueError(f"param_groups[{gi}]: nesterov momentum requires a momentum > 0 and zero dampening")
 

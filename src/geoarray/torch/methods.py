@@ -140,7 +140,7 @@ class PaperAdam(_Method):
     ):
         defaults = {
             "lr": lr,
-            "betas": tuple(betas),
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
             "delta": delta,
             "eps": eps,
             **_options(section, retraction, on_nonfinite, group_same_shape, seed),
@@ -189,7 +189,7 @@ class AdamWithDecay(_Method):
             "n_steps": n_steps,
             "lr_start": lr_start,
             "lr_end": lr_end,
-            "betas": tuple(betas),
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
             "delta": delta,
             "n_epochs": n_epochs,
             "steps_per_epoch": steps_per_epoch,

@@ -18,8 +18,32 @@ from .model import TransformerLM
 # ---------------------------------------------------------------------------------------------
 
 
+class _HFConfig(dict):
+    """A config.json whose missing required key is a ValueError naming it (not a bare KeyError)."""
+
+    def __missing__(self, key: str) -> Any:
+        raise ValueError(f"Hugging Face config needs {key!r} (model_type {self.get('model_type')!r})")
+
+
+def _head_dim(d: Any, H: Any, d_name: str, h_name: str) -> int:
+    """d // H, once both are positive ints (as_config checks the result; a division by a head count of 0
+    would be a ZeroDivisionError first)."""
+    for value, name in ((d, d_name), (H, h_name)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Hugging Face config: {name} must be a positive int, got {value!r}")
+    return d // H
+
+
+def _number(value: Any) -> Any:
+    """float(value) for a number; anything else unchanged, for as_config to refuse naming the key."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
 def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
     """A config from a Hugging Face ``config.json`` dict (model_type gpt2, bert or llama)."""
+    if not isinstance(hf, Mapping):
+        raise TypeError(f"a Hugging Face config must be a JSON object, got {type(hf).__name__}")
+    hf = _HFConfig(hf)
     kind = hf.get("model_type")
     if kind == "gpt2":
         d, H = hf["n_embd"], hf["n_head"]
@@ -29,7 +53,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
                 arch="gpt2",
                 n_layers=hf["n_layer"],
                 n_heads=H,
-                d_head=hf.get("head_dim") or d // H,
+                d_head=hf.get("head_dim") or _head_dim(d, H, "n_embd", "n_head"),
                 d_model=d,
                 d_ff=hf.get("n_inner") or 4 * d,
                 vocab=hf["vocab_size"],
@@ -47,7 +71,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
                 arch="bert",
                 n_layers=hf["num_hidden_layers"],
                 n_heads=H,
-                d_head=hf.get("head_dim") or d // H,
+                d_head=hf.get("head_dim") or _head_dim(d, H, "hidden_size", "num_attention_heads"),
                 d_model=d,
                 d_ff=hf["intermediate_size"],
                 vocab=hf["vocab_size"],
@@ -66,13 +90,13 @@ def config_from_hf(hf: Mapping[str, Any]) -> LanguageModelConfig:
                 arch="llama",
                 n_layers=hf["num_hidden_layers"],
                 n_heads=H,
-                d_head=hf.get("head_dim") or d // H,
+                d_head=hf.get("head_dim") or _head_dim(d, H, "hidden_size", "num_attention_heads"),
                 d_model=d,
                 d_ff=hf["intermediate_size"],
                 vocab=hf["vocab_size"],
                 n_ctx=hf.get("max_position_embeddings", 2048),
                 norm_eps=hf.get("rms_norm_eps", 1e-6),
-                rope_theta=float(hf.get("rope_theta", 10000.0)),
+                rope_theta=_number(hf.get("rope_theta", 10000.0)),
                 tie_embeddings=hf.get("tie_word_embeddings", False),
             )
         )
