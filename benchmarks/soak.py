@@ -53,7 +53,6 @@ def _namespace(name: str):
         return xp, None
     if name == "torch":
         import array_api_compat.torch as xp
-        import torch
 
         return xp, "cpu"
     if name == "jax":
