@@ -56,6 +56,7 @@ from geoarray.data import systems, windows
 HELD_OUT_Q1 = (-0.93, -0.55, -0.17, 0.31, 0.55, 0.88)  # between the points of the training grids used
 SHORT = 50  # the short horizon of the table (steps)
 SMOKE_EPOCHS = 20
+PORTRAIT = 100  # steps drawn in the phase portraits
 MODELS = ("lst", "lst0", "st", "gsympnet", "standard")
 
 
@@ -125,6 +126,7 @@ def _stats(values: list[float]) -> dict | None:
     return {
         "mean": statistics.mean(values),
         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
         "min": min(values),
         "max": max(values),
     }
@@ -153,8 +155,12 @@ def summarise(results: list[dict], models: list[str]) -> list[dict]:
     return rows
 
 
-def _fmt(s: dict | None, spec: str) -> str:
-    return "—" if s is None else f"{s['mean']:{spec}} ± {s['std']:{spec}}"
+def _fmt(s: dict | None, spec: str, total: int | None = None) -> str:
+    """mean ± std, and over how many runs when that is fewer than ``total``."""
+    if s is None:
+        return "—"
+    over = f" ({s['n']} of {total})" if total is not None and s["n"] < total else ""
+    return f"{s['mean']:{spec}} ± {s['std']:{spec}}{over}"
 
 
 def _commit() -> str | None:
@@ -170,8 +176,9 @@ def _commit() -> str | None:
 
 
 def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, sample: int = 0) -> None:
-    """Energy drift |H − H₀| over time for every model (worst held-out start per step) and the phase
-    portraits of held-out start ``sample``; a diverged rollout is drawn up to the step where it left."""
+    """Energy drift |H − H₀| over the whole rollout for every model (the worst held-out start at each
+    step) and the phase portraits of held-out start ``sample`` over the first ``PORTRAIT`` steps (the
+    whole rollout fills the annulus); a diverged rollout is drawn up to the step where it left."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,8 +188,11 @@ def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, 
     H_ref = np.asarray(systems.coupled_oscillator_hamiltonian(R))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     steps = np.arange(R.shape[1]) - (T0 - 1)
+    n = min(T0 + PORTRAIT, R.shape[1])
+    for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
+        ax.plot(R[sample, :n, iq], R[sample, :n, ip], color="0.6", lw=4, label="truth")
     with np.errstate(over="ignore", invalid="ignore"):
-        axes[0].semilogy(steps, np.maximum(np.abs(H_ref - H_ref[:, :1]).max(axis=0), 1e-16), "k", label="truth")
+        axes[0].semilogy(steps, np.maximum(np.abs(H_ref - H_ref[:, :1]).max(axis=0), 1e-16), "k", lw=2, label="truth")
         for i, (name, P) in enumerate(rollouts.items()):
             d = runs[name]["diverged_at_step"]
             end = P.shape[1] if d is None else T0 + d
@@ -193,18 +203,19 @@ def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, 
             if d is not None:  # where it left: past this the curve would measure the blow-up
                 axes[0].plot(steps[end - 1], drift[-1], "x", color=f"C{i}", markersize=8)
             for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
-                ax.plot(P[sample, :end, iq], P[sample, :end, ip], color=f"C{i}", lw=0.8, label=name)
+                ax.plot(P[sample, : min(end, n), iq], P[sample, : min(end, n), ip], color=f"C{i}", lw=1, label=name)
     axes[0].set_ylim(1e-8, 10.0)
     axes[0].set(xlabel="rollout step", ylabel="max |H − H₀| over held-out starts", title="energy drift (seed 0)")
     axes[0].legend(fontsize=7)
     for ax, (iq, ip), lab in zip(axes[1:], ((0, 2), (1, 3)), ("1", "2"), strict=True):
-        ax.plot(R[sample, :, iq], R[sample, :, ip], "k", lw=1.6, label="truth")
         for k, lim in ((iq, ax.set_xlim), (ip, ax.set_ylim)):
             lo, hi = float(R[sample, :, k].min()), float(R[sample, :, k].max())
             pad = 0.5 * max(hi - lo, 1e-3)
             lim(lo - pad, hi + pad)
         ax.set(
-            xlabel=f"q{lab}", ylabel=f"p{lab}", title=f"phase portrait (q{lab}, p{lab}), q1(0) = {R[sample, 0, 0]:g}"
+            xlabel=f"q{lab}",
+            ylabel=f"p{lab}",
+            title=f"(q{lab}, p{lab}), first {n - T0 + 1} steps, q1(0) = {R[sample, 0, 0]:g}, seed 0",
         )
     axes[1].legend(fontsize=7)
     fig.tight_layout()
@@ -274,9 +285,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("|---|---|---|---|---|---|")
     for row in rows:
         steps = ", ".join(map(str, row["diverged_at_steps"]))
+        n = len(row["seeds"])
         print(
-            f"| {row['model']} | {_fmt(row['final_train_loss'], '.3g')} | {_fmt(row[f'relative_error_{SHORT}'], '.3f')}"
-            f" | {_fmt(row['relative_error'], '.3f')} | {_fmt(row['max_energy_drift'], '.3g')}"
+            f"| {row['model']} | {_fmt(row['final_train_loss'], '.3g')}"
+            f" | {_fmt(row[f'relative_error_{SHORT}'], '.3f', n)} | {_fmt(row['relative_error'], '.3f', n)}"
+            f" | {_fmt(row['max_energy_drift'], '.3g', n)}"
             f" | {row['diverged']}/{len(row['seeds'])}{f' (steps {steps})' if steps else ''} |"
         )
     total = time.perf_counter() - t0
