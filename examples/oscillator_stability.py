@@ -136,6 +136,8 @@ def summarise(results: list[dict], models: list[str]) -> list[dict]:
     rows = []
     for name in models:
         rs = [r for r in results if r["model"] == name]
+        if not rs:  # not run yet (a partial table written during the run)
+            continue
         stayed = [r for r in rs if r["diverged_at_step"] is None]
         rows.append(
             {
@@ -223,6 +225,32 @@ def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, 
     plt.close(fig)
 
 
+def write_json(args, argv, commit, rows, results, total, *, complete: bool) -> None:
+    command = "python examples/oscillator_stability.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    parent = os.path.dirname(args.json)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(args.json, "w", encoding="utf-8") as fh:
+        json.dump(
+            {
+                "command": command,
+                "commit": commit,
+                "complete": complete,
+                "config": vars(args),
+                "divergence_criterion": f"non-finite or |H - H0| > {DIVERGENCE_FACTOR:g} |H0|",
+                "held_out_q1": list(HELD_OUT_Q1),
+                "figures": [args.figure] if args.figure and complete else [],
+                "total_seconds": total,
+                "table": rows,
+                "results": results,
+            },
+            fh,
+            indent=1,
+        )
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     import array_api_compat.numpy as xp
 
@@ -268,6 +296,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name in args.models:
             r, pred = run_one(name, seed, trajectories, reference, args)
             results.append(r)
+            if args.json:  # after every run, so that a long run interrupted keeps what it measured
+                write_json(args, argv, commit, summarise(results, args.models), results, None, complete=False)
             if seed == 0:
                 first[name] = (r, pred)
             short = r[f"relative_error_{SHORT}"]
@@ -304,28 +334,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         print(f"wrote {args.figure}")
     if args.json:
-        command = "python examples/oscillator_stability.py " + " ".join(
-            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-        )
-        parent = os.path.dirname(args.json)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {
-                    "command": command,
-                    "commit": commit,
-                    "config": vars(args),
-                    "divergence_criterion": f"non-finite or |H - H0| > {DIVERGENCE_FACTOR:g} |H0|",
-                    "held_out_q1": list(HELD_OUT_Q1),
-                    "figures": [args.figure] if args.figure else [],
-                    "total_seconds": total,
-                    "table": rows,
-                    "results": results,
-                },
-                fh,
-                indent=1,
-            )
+        write_json(args, argv, commit, rows, results, total, complete=True)
     return rows
 
 

@@ -66,7 +66,7 @@ def test_oscillator_stability_table(backend, tmp_path, capsys):
     assert "| lst0 |" in out and f"wrote {figure}" in out
     result = json.loads(path.read_text())
     assert result["command"].startswith("python examples/oscillator_stability.py --smoke") and "commit" in result
-    assert result["figures"] == [str(figure)]
+    assert result["figures"] == [str(figure)] and result["complete"] is True
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [row["model"] for row in result["table"]] == list(module.MODELS)
     rollout = result["config"]["rollout"]
@@ -88,8 +88,8 @@ def test_zero_attention_init(xp, device):
     # Ā = 0 exactly in every attention layer, the other layers as with the default init (same seed), so
     # the model starts as a G-SympNet acting on each time step; after a perturbation it is symplectic
     T = 3
-    zero = models.LinearSymplecticTransformer(4, T, L=2, upscale=2, attention_init="zero")
-    normal = models.LinearSymplecticTransformer(4, T, L=2, upscale=2)
+    zero = models.LinearSymplecticTransformer(4, T, L=1, upscale=2, attention_init="zero")
+    normal = models.LinearSymplecticTransformer(4, T, L=1, upscale=2)
     pz = zero.init(5, xp=xp, dtype=xp.float64, device=device)
     pn = normal.init(5, xp=xp, dtype=xp.float64, device=device)
     attention = (LinearSymplecticAttentionQ, LinearSymplecticAttentionP)
