@@ -28,7 +28,11 @@ _CLI_BACKENDS = {"numpy", "array-api-strict", "torch", "jax"}
 _SMALL = ["--epochs", "2", "--n-traj", "3", "--n-steps", "12", "--rollout", "8", "--batch-size", "12", "--no-progress"]
 
 
-@pytest.mark.parametrize("cmd", [["vpt"], ["lst"], ["sympnet"], ["sympnet", "--system", "oscillator"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "cmd",
+    [["vpt"], ["lst"], ["lst", "--attention-init", "normal"], ["sympnet"], ["sympnet", "--system", "oscillator"]],
+    ids=" ".join,
+)
 def test_train_dynamics_smoke(cmd, backend, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="--out writes matplotlib plots")
     if backend.name not in _CLI_BACKENDS:

@@ -1,0 +1,342 @@
+"""Coupled oscillator, over seeds: do long rollouts of the symplectic transformers stay bounded?
+
+The experiment of the "Linear Symplectic Attention" and "Symplectic Attention" chapters
+(GeometricMachineLearning.jl): the coupled harmonic oscillator (m₁ = 2, m₂ = 1, k₁ = 1.5, k₂ = 0.3,
+k = 1, sigmoid coupling) integrated by Störmer–Verlet with Δt = 0.3 from ``--n-traj`` initial
+conditions q₁ ∈ [−1, 1], q₂ = p = 0 over ``--n-steps`` steps, cut into windows of T = ``--seq-len``
+states whose target is the next T states. Models (``--models``):
+
+* ``lst``       ``LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)`` with the
+                  attention layers' own init (Ā ~ N(0, 1/T) symmetrised);
+* ``lst0``      the same with ``attention_init="zero"``: Ā = 0, so every attention starts as the
+                  identity (the true window map z_t ↦ φ^T(z_t) does not mix the time steps);
+* ``st``        ``SymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)`` (matrix softmax);
+* ``gsympnet``  ``GSympNet(4, n_layers=4, upscale=8)`` — one step z_n ↦ z_{n+1};
+* ``standard``  ``StandardTransformerIntegrator(4, T, n_heads=1, L=2, upscale=4)`` — the
+                  unstructured baseline.
+
+Training: Adam (η = ``--lr``), mean-squared error, batch ``--batch-size``, float64, ``--epochs``.
+
+Evaluation: from ``len(HELD_OUT_Q1)`` held-out initial conditions (q₁ off the training grid; the first
+T true states as the start) each model is iterated ``--rollout`` steps. Reported per seed: the final
+training loss; the relative error ‖Z − Z_true‖/‖Z_true‖ over the first 50 steps and over the whole
+rollout; the largest |H − H₀| along it (H the energy; the Störmer–Verlet truth keeps it to O(Δt²));
+and, if the rollout left — a non-finite state or H off by more than 100 % of H₀ (the criterion of
+``geoarray train lst``) — the step where it did, instead of the numbers that would then measure the
+blow-up (the 50-step error is still given when the rollout left after step 50). The table gives
+mean ± sample standard deviation over the seeds whose rollouts stayed, and how many diverged.
+
+``--json`` writes the table with every run, the command and the commit; ``--figure`` a PNG with the
+energy drift over time of every model (seed 0) and phase portraits (q₁, p₁), (q₂, p₂) of a held-out
+rollout against the truth, the axes clipped to the truth's range and a diverged rollout drawn up to
+the step where it left.
+
+    python examples/oscillator_stability.py [--seeds 8] [--epochs 300] [--models lst lst0 st gsympnet standard]
+                                            [--json results/oscillator_stability.json] [--figure F.png]
+    python examples/oscillator_stability.py --smoke   # seconds: 2 seeds, 20 epochs, small data, 60-step rollouts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import geoarray as ga
+from geoarray.commands.dynamics import DIVERGENCE_FACTOR, divergence_step
+from geoarray.data import systems, windows
+
+HELD_OUT_Q1 = (-0.93, -0.55, -0.17, 0.31, 0.55, 0.88)  # between the points of the training grids used
+SHORT = 50  # the short horizon of the table (steps)
+SMOKE_EPOCHS = 20
+PORTRAIT = 100  # steps drawn in the phase portraits
+MODELS = ("lst", "lst0", "st", "gsympnet", "standard")
+
+
+def build(name: str, T: int):
+    if name == "lst":
+        return ga.models.LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)
+    if name == "lst0":
+        return ga.models.LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8, attention_init="zero")
+    if name == "st":
+        return ga.models.SymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)
+    if name == "gsympnet":
+        return ga.models.GSympNet(4, n_layers=4, upscale=8)
+    if name == "standard":
+        return ga.models.StandardTransformerIntegrator(4, T, n_heads=1, L=2, upscale=4)
+    raise ValueError(f"--models: unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def _rel(P: np.ndarray, R: np.ndarray) -> float:
+    return float(np.linalg.norm(P - R) / np.linalg.norm(R))
+
+
+def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, np.ndarray]:
+    import array_api_compat.numpy as xp
+
+    model = build(name, args.seq_len)
+    T = args.seq_len if model.seq_len is not None else 1
+    t0 = time.perf_counter()
+    result = ga.train.fit(
+        model,
+        model.init(seed, xp=xp, dtype=xp.float64),
+        windows(trajectories, T, T),
+        ga.optim.Adam(lr=args.lr),
+        ga.nn.MSELoss(),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        seed=seed,
+        progress=False,
+    )
+    # every model starts from the same first T0 = --seq-len true states; a one-step model predicts
+    # the states after its first, so all rollouts are compared over the same steps T0 … T0 + rollout − 1
+    T0 = args.seq_len
+    with np.errstate(over="ignore", invalid="ignore"):
+        pred = np.asarray(ga.models.iterate(model, result.params, reference[:, :T, :], args.rollout + T0 - T))
+        R = np.asarray(reference)
+        H = np.asarray(systems.coupled_oscillator_hamiltonian(pred))
+        diverged = divergence_step(pred[:, T0 - 1 :, :], H[:, T0 - 1 :], 1)
+        short = _rel(pred[:, : T0 + SHORT, :], R[:, : T0 + SHORT, :])
+        rel = _rel(pred, R)
+        drift = float(np.max(np.abs(H - H[:, :1])))
+    run = {
+        "model": name,
+        "repr": repr(model),
+        "seed": seed,
+        "train_loss": result.history[-1]["train_loss"],
+        "diverged_at_step": diverged,
+        f"relative_error_{SHORT}": short if diverged is None or diverged > SHORT else None,
+        "relative_error": rel if diverged is None else None,
+        "max_energy_drift": drift if diverged is None else None,
+        "seconds": time.perf_counter() - t0,
+    }
+    return run, pred
+
+
+def _stats(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {
+        "mean": statistics.mean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarise(results: list[dict], models: list[str]) -> list[dict]:
+    rows = []
+    for name in models:
+        rs = [r for r in results if r["model"] == name]
+        if not rs:  # not run yet (a partial table written during the run)
+            continue
+        stayed = [r for r in rs if r["diverged_at_step"] is None]
+        rows.append(
+            {
+                "model": name,
+                "repr": rs[0]["repr"],
+                "seeds": [r["seed"] for r in rs],
+                "final_train_loss": _stats([r["train_loss"] for r in rs]),
+                "diverged": len(rs) - len(stayed),
+                "diverged_at_steps": [r["diverged_at_step"] for r in rs if r["diverged_at_step"] is not None],
+                f"relative_error_{SHORT}": _stats(
+                    [r[f"relative_error_{SHORT}"] for r in rs if r[f"relative_error_{SHORT}"] is not None]
+                ),
+                "relative_error": _stats([r["relative_error"] for r in stayed]),
+                "max_energy_drift": _stats([r["max_energy_drift"] for r in stayed]),
+            }
+        )
+    return rows
+
+
+def _fmt(s: dict | None, spec: str, total: int | None = None) -> str:
+    """mean ± std, and over how many runs when that is fewer than ``total``."""
+    if s is None:
+        return "—"
+    over = f" ({s['n']} of {total})" if total is not None and s["n"] < total else ""
+    return f"{s['mean']:{spec}} ± {s['std']:{spec}}{over}"
+
+
+def _commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, sample: int = 0) -> None:
+    """Energy drift |H − H₀| over the whole rollout for every model (the worst held-out start at each
+    step) and the phase portraits of held-out start ``sample`` over the first ``PORTRAIT`` steps (the
+    whole rollout fills the annulus); a diverged rollout is drawn up to the step where it left."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    R = reference
+    H_ref = np.asarray(systems.coupled_oscillator_hamiltonian(R))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    steps = np.arange(R.shape[1]) - (T0 - 1)
+    n = min(T0 + PORTRAIT, R.shape[1])
+    for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
+        ax.plot(R[sample, :n, iq], R[sample, :n, ip], color="0.6", lw=4, label="truth")
+    with np.errstate(over="ignore", invalid="ignore"):
+        axes[0].semilogy(steps, np.maximum(np.abs(H_ref - H_ref[:, :1]).max(axis=0), 1e-16), "k", lw=2, label="truth")
+        for i, (name, P) in enumerate(rollouts.items()):
+            d = runs[name]["diverged_at_step"]
+            end = P.shape[1] if d is None else T0 + d
+            H = np.asarray(systems.coupled_oscillator_hamiltonian(P[:, :end, :]))
+            label = name if d is None else f"{name} (diverged at step {d})"
+            drift = np.maximum(np.abs(H - H[:, :1]).max(axis=0), 1e-16)
+            axes[0].semilogy(steps[:end], drift, color=f"C{i}", label=label)
+            if d is not None:  # where it left: past this the curve would measure the blow-up
+                axes[0].plot(steps[end - 1], drift[-1], "x", color=f"C{i}", markersize=8)
+            for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
+                ax.plot(P[sample, : min(end, n), iq], P[sample, : min(end, n), ip], color=f"C{i}", lw=1, label=name)
+    axes[0].set_ylim(1e-8, 10.0)
+    axes[0].set(xlabel="rollout step", ylabel="max |H − H₀| over held-out starts", title="energy drift (seed 0)")
+    axes[0].legend(fontsize=7)
+    for ax, (iq, ip), lab in zip(axes[1:], ((0, 2), (1, 3)), ("1", "2"), strict=True):
+        for k, lim in ((iq, ax.set_xlim), (ip, ax.set_ylim)):
+            lo, hi = float(R[sample, :, k].min()), float(R[sample, :, k].max())
+            pad = 0.5 * max(hi - lo, 1e-3)
+            lim(lo - pad, hi + pad)
+        ax.set(
+            xlabel=f"q{lab}",
+            ylabel=f"p{lab}",
+            title=f"(q{lab}, p{lab}), first {n - T0 + 1} steps, q1(0) = {R[sample, 0, 0]:g}, seed 0",
+        )
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_json(args, argv, commit, rows, results, total, *, complete: bool) -> None:
+    command = "python examples/oscillator_stability.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    parent = os.path.dirname(args.json)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(args.json, "w", encoding="utf-8") as fh:
+        json.dump(
+            {
+                "command": command,
+                "commit": commit,
+                "complete": complete,
+                "config": vars(args),
+                "divergence_criterion": f"non-finite or |H - H0| > {DIVERGENCE_FACTOR:g} |H0|",
+                "held_out_q1": list(HELD_OUT_Q1),
+                "figures": [args.figure] if args.figure and complete else [],
+                "total_seconds": total,
+                "table": rows,
+                "results": results,
+            },
+            fh,
+            indent=1,
+        )
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    import array_api_compat.numpy as xp
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--n-traj", type=int, default=20, help="training trajectories (default 20)")
+    p.add_argument("--n-steps", type=int, default=60, help="Störmer–Verlet steps per trajectory (default 60)")
+    p.add_argument("--seq-len", type=int, default=3)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--rollout", type=int, default=500)
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--json", default=None)
+    p.add_argument("--figure", default=None, help="PNG: energy drift and phase portraits (needs matplotlib)")
+    p.add_argument(
+        "--smoke", action="store_true", help="2 seeds, 20 epochs, 6 trajectories of 12 steps, 60-step rollouts"
+    )
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):  # smoke sizes, each still settable
+        p.set_defaults(seeds=2, epochs=SMOKE_EPOCHS, n_traj=6, n_steps=12, rollout=60)
+    args = p.parse_args(argv)
+    for name in args.models:
+        build(name, args.seq_len)  # unknown names fail before any training
+    if args.rollout < SHORT:
+        raise ValueError(f"--rollout: expected at least {SHORT} steps, got {args.rollout}")
+
+    commit = _commit()
+    T0 = args.seq_len
+    trajectories = systems.coupled_oscillator_trajectories(
+        systems.coupled_oscillator_initial_conditions(args.n_traj, xp=xp), args.n_steps
+    )
+    val0 = xp.asarray([[q, 0.0, 0.0, 0.0] for q in HELD_OUT_Q1], dtype=xp.float64)
+    reference = systems.coupled_oscillator_trajectories(val0, args.rollout + T0 - 1)
+    print(
+        f"coupled oscillator: {args.n_traj} trajectories of {args.n_steps} Störmer–Verlet steps (Δt = 0.3), "
+        f"windows of {T0}, {args.epochs} epochs of batch {args.batch_size}, Adam {args.lr:g}, MSE; "
+        f"{len(HELD_OUT_Q1)} held-out rollouts of {args.rollout} steps; seeds 0..{args.seeds - 1}",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    results, first = [], {}
+    for seed in range(args.seeds):
+        for name in args.models:
+            r, pred = run_one(name, seed, trajectories, reference, args)
+            results.append(r)
+            if args.json:  # after every run, so that a long run interrupted keeps what it measured
+                write_json(args, argv, commit, summarise(results, args.models), results, None, complete=False)
+            if seed == 0:
+                first[name] = (r, pred)
+            short = r[f"relative_error_{SHORT}"]
+            outcome = f"{SHORT}-step rel. error {'—' if short is None else f'{short:.3f}'}, " + (
+                f"DIVERGED at step {r['diverged_at_step']}"
+                if r["diverged_at_step"] is not None
+                else f"{args.rollout}-step {r['relative_error']:.3f}, max |H−H0| {r['max_energy_drift']:.3g}"
+            )
+            print(f"  seed {seed} {name:<9} loss {r['train_loss']:.3g}  {outcome}  ({r['seconds']:.1f} s)", flush=True)
+    rows = summarise(results, args.models)
+    print(
+        f"\n| model | final train loss | rel. error ({SHORT} steps) | rel. error ({args.rollout} steps) "
+        "| max abs(H − H₀) | diverged |"
+    )
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        steps = ", ".join(map(str, row["diverged_at_steps"]))
+        n = len(row["seeds"])
+        print(
+            f"| {row['model']} | {_fmt(row['final_train_loss'], '.3g')}"
+            f" | {_fmt(row[f'relative_error_{SHORT}'], '.3f', n)} | {_fmt(row['relative_error'], '.3f', n)}"
+            f" | {_fmt(row['max_energy_drift'], '.3g', n)}"
+            f" | {row['diverged']}/{len(row['seeds'])}{f' (steps {steps})' if steps else ''} |"
+        )
+    total = time.perf_counter() - t0
+    print(f"total {total:.0f} s")
+    if args.figure and first:
+        plot(
+            args.figure,
+            {n: pr for n, (_, pr) in first.items()},
+            {n: r for n, (r, _) in first.items()},
+            np.asarray(reference),
+            T0,
+        )
+        print(f"wrote {args.figure}")
+    if args.json:
+        write_json(args, argv, commit, rows, results, total, complete=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
