@@ -6,7 +6,7 @@ k = 1, sigmoid coupling) integrated by Störmer–Verlet with Δt = 0.3 from ``-
 conditions q₁ ∈ [−1, 1], q₂ = p = 0 over ``--n-steps`` steps, cut into windows of T = ``--seq-len``
 states whose target is the next T states. Models (``--models``):
 
-* ``lst``       ``LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)`` with the
+* ``lst``       ``LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8, attention_init="normal")``, the
                   attention layers' own init (Ā ~ N(0, 1/T) symmetrised);
 * ``lst0``      the same with ``attention_init="zero"``: Ā = 0, so every attention starts as the
                   identity (the true window map z_t ↦ φ^T(z_t) does not mix the time steps);
@@ -62,7 +62,7 @@ MODELS = ("lst", "lst0", "st", "gsympnet", "standard")
 
 def build(name: str, T: int):
     if name == "lst":
-        return ga.models.LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8)
+        return ga.models.LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8, attention_init="normal")
     if name == "lst0":
         return ga.models.LinearSymplecticTransformer(4, T, L=2, n_sympnet=2, upscale=8, attention_init="zero")
     if name == "st":

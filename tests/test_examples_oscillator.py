@@ -89,7 +89,7 @@ def test_zero_attention_init(xp, device):
     # the model starts as a G-SympNet acting on each time step; after a perturbation it is symplectic
     T = 3
     zero = models.LinearSymplecticTransformer(4, T, L=1, upscale=2, attention_init="zero")
-    normal = models.LinearSymplecticTransformer(4, T, L=1, upscale=2)
+    normal = models.LinearSymplecticTransformer(4, T, L=1, upscale=2, attention_init="normal")
     pz = zero.init(5, xp=xp, dtype=xp.float64, device=device)
     pn = normal.init(5, xp=xp, dtype=xp.float64, device=device)
     attention = (LinearSymplecticAttentionQ, LinearSymplecticAttentionP)
@@ -107,6 +107,7 @@ def test_zero_attention_init(xp, device):
     J = jacobian(zero, pz, x, xp)
     Jd = symplectic_form(T, 4)
     np.testing.assert_allclose(J.T @ Jd @ J, Jd, atol=1e-8)
-    assert "attention_init='zero'" in repr(zero) and "attention_init" not in repr(normal)
+    assert "attention_init='normal'" in repr(normal) and "attention_init" not in repr(zero)  # zero: the default
+    assert models.LinearSymplecticTransformer(4, T).attention_init == "zero"
     with pytest.raises(ValueError, match="attention_init: expected 'normal' or 'zero', got 'xavier'"):
         models.LinearSymplecticTransformer(4, T, attention_init="xavier")
