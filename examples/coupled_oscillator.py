@@ -20,7 +20,7 @@ import geoarray as ga
 from geoarray.data import systems, windows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--seq-len", type=int, default=3)
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--rollout", type=int, default=50)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     T = args.seq_len
 
     z0 = systems.coupled_oscillator_initial_conditions(args.n_traj, xp=xp)
