@@ -260,13 +260,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.length, args.hidden, args.batch, args.eval_batch = 8, 16, 8, 16
         args.iterations, args.seeds = 5, 2
     for name in ("length", "hidden", "batch", "eval_batch", "iterations", "seeds"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     commit = _commit()
     runs = []
