@@ -28,7 +28,7 @@ the mean ± std over seeds; ``--json`` writes the table, every run's curves, the
 commit; ``--plot`` draws the loss curves (mean over seeds, shaded ± std) against the baseline.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python examples/copying_problem.py --length 300 --hidden 64 \
-        --batch 64 --iterations 200 --lr-recurrent 1e-3 --seeds 4 --json results/copying_L300.json --plot results/copying_L300.png
+        --batch 64 --iterations 250 --lr-recurrent 1e-3 --seeds 4 --json results/copying_L300.json --plot results/copying_L300.png
 """
 
 from __future__ import annotations
