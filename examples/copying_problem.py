@@ -28,7 +28,8 @@ the mean ± std over seeds; ``--json`` writes the table, every run's curves, the
 commit; ``--plot`` draws the loss curves (mean over seeds, shaded ± std) against the baseline.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python examples/copying_problem.py --length 300 --hidden 64 \
-        --batch 64 --iterations 250 --lr-recurrent 1e-3 --seeds 4 --json results/copying_L300.json --plot results/copying_L300.png
+        --batch 64 --iterations 250 --lr-recurrent 1e-3 --seeds 8 \
+        --json results/copying_L300.json --plot results/copying_L300.png
 """
 
 from __future__ import annotations
@@ -289,8 +290,11 @@ def main(argv: list[str] | None = None) -> dict:
         for method in args.methods:
             runs.append(train(method, seed, args))
             r = runs[-1]
-            if args.json:  # after every run: a long sweep cut short keeps what it finished
+            # after every run: a long sweep cut short keeps what it finished
+            if args.json:
                 _write_json(_result(runs, args, argv, commit), args.json)
+            if args.plot:
+                plot(runs, args, args.plot)
             print(
                 f"{method:13s} seed {seed}: loss {r['final_loss']}, accuracy {r['accuracy']:.3f}, "
                 f"‖WᵀW − I‖ {r['orthogonality_error']:.1e}, {r['seconds']:.0f} s",
@@ -310,8 +314,6 @@ def main(argv: list[str] | None = None) -> dict:
     result = _result(runs, args, argv, commit)
     if args.json:
         _write_json(result, args.json)
-    if args.plot:
-        plot(runs, args, args.plot)
     return result
 
 
