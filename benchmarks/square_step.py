@@ -16,6 +16,15 @@ Every optimizer steps its own copy of the weight; the gradient is a fixed random
 magnitude does not change the work). Printed: the median step in ms and the ratio to torch's Adam
 and to geoopt's; ``--json`` writes them with the command and the machine.
 
+``--kernels`` also times, interleaved, the pieces of the square step and the n×n kernel a square fast
+path would use instead (for n = N the horizontal part B is empty and exp(W)E = exp(A)):
+
+* ``section``: the Householder section of the weight (QR of the n×n point, compact WY);
+* ``retraction-2n``: the retraction kernel as it runs today, φ₁ of the 2n×2n matrix X of eq. 21 with
+  G = 0 (:func:`geoarray.manifolds.retraction.retract_e`);
+* ``exp-n``: I + A·φ₁(A) on the n×n skew block alone (the same φ₁ code on a matrix a quarter the size);
+* ``torch-adam``: torch.optim.Adam's step, for scale.
+
     OMP_NUM_THREADS=1 python benchmarks/square_step.py [--n 128] [--dtype float32] [--steps 200]
 """
 
@@ -72,6 +81,34 @@ def _steppers(n: int, dtype: torch.dtype, lr: float) -> dict:
     return out
 
 
+def _kernels(n: int, dtype: torch.dtype) -> dict:
+    from geoarray.manifolds.retraction import _norm1, _phi1_bounded, retract_e
+
+    xp = geoarray.as_namespace(torch)
+    M = geoarray.Stiefel(n, n)
+    Y = M.random(0, xp=torch, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    A = torch.randn(n, n, generator=g, dtype=dtype)
+    A = A - A.mT
+    A = A * (0.05 / _norm1(A, xp))  # ‖A‖₁ of an Adam step at lr 1e-3
+    halfA, gram, B = A / 2, torch.zeros(n, n, dtype=dtype), torch.zeros(0, n, dtype=dtype)
+    eye = torch.eye(n, dtype=dtype)
+    T = torch.nn.Parameter(Y.clone())
+    T.grad = torch.randn(n, n, generator=g, dtype=dtype)
+    adam = torch.optim.Adam([T], lr=1e-4)
+    top, _ = retract_e(halfA, gram, B, xp=xp, method="geodesic", max_doublings=8)
+    fast = eye + A @ _phi1_bounded(A, _norm1(A, xp), xp, 8)
+    # the two kernels compute the same exp(A): a fast path would change rounding only
+    agree = float((top - fast).abs().max())
+    fns = {
+        "section": lambda: M.global_section(Y),
+        "retraction-2n": lambda: retract_e(halfA, gram, B, xp=xp, method="geodesic", max_doublings=8),
+        "exp-n": lambda: eye + A @ _phi1_bounded(A, _norm1(A, xp), xp, 8),
+        "torch-adam": adam.step,
+    }
+    return fns, agree
+
+
 def main(argv: list[str] | None = None) -> dict:
     import shlex
 
@@ -82,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", action="store_true", help="also time the pieces of the square step")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.n < 1 or args.steps < 1:
@@ -99,8 +137,18 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         vs_geoopt = f"  {row['vs_geoopt']:5.2f}× geoopt" if "vs_geoopt" in row else ""
         print(f"{name:15s} {row['median_ms']:7.3f} ms  {row['vs_torch']:5.2f}× torch.optim.Adam{vs_geoopt}")
+    kernels = None
+    if args.kernels:
+        fns, agree = _kernels(args.n, dtype)
+        km = interleaved_medians(fns, args.steps)
+        kernels = {name: {"median_ms": 1e3 * t, "vs_torch_adam": t / km["torch-adam"]} for name, t in km.items()}
+        kernels["max_abs_difference_retraction_2n_vs_exp_n"] = agree
+        print(f"pieces of the step (max |retraction-2n − exp-n| = {agree:.1e}):")
+        for name, t in km.items():
+            print(f"  {name:15s} {1e3 * t:7.3f} ms  {t / km['torch-adam']:6.2f}× torch.optim.Adam's step")
     result = {
         "command": "python benchmarks/square_step.py " + shlex.join(argv),
+        "kernels": kernels,
         "machine": machine_info(args.threads),
         "n": args.n,
         "dtype": args.dtype,
