@@ -7,7 +7,8 @@ and one compilation serves every later step (a recompilation is an error here); 
 model with a ManifoldParameter and a plain tensor it equals the eager step to ``AGREE_RTOL`` (two
 code paths), for torch's Adam and SGD conventions and the paper's Adam; the weight stays on its
 manifold. A compiled step that would have to build state raises ``RuntimeError`` saying to run it
-eagerly, and ``validate()`` checks the values on request, naming the parameter.
+eagerly, and ``validate()`` checks the values on request, naming the parameter; ``capturable=True`` set
+after construction is still refused by the eager step.
 """
 
 from __future__ import annotations
@@ -90,3 +91,17 @@ def test_validate_checks_the_values_on_request(torch, gt, device):
         W.mul_(1.01)
     with pytest.raises(ValueError, match=r"'layer.W' is not a point of Stiefel\(6, 3\).*max\|YᵀY − I\|"):
         opt.validate()
+
+
+def test_capturable_set_later_is_still_refused_eagerly(torch, gt, device):
+    # capturable is left out of the core's key (torch.compile shows it True while tracing), so the
+    # eager step checks it itself
+    W, b = _model(torch, gt, device)
+    opt = gt.Adam([W, b], lr=1e-2)
+    _loss(torch, W, b, 0, device).backward()
+    opt.step()
+    before = W.detach().clone()
+    opt.param_groups[0]["capturable"] = True
+    with pytest.raises(ValueError, match=r"Adam\(capturable=True\) is not supported"):
+        opt.step()
+    assert torch.equal(W.detach(), before)
