@@ -125,6 +125,9 @@ class _TorchStyle(_Method):
 
     def _hyper_key(self, group: dict) -> tuple:
         gi = next((i for i, g in enumerate(self.param_groups) if g is group), "new")
+        if not torch.compiler.is_compiling():
+            # capturable is not in the key (torch.compile shows it True while tracing): checked here
+            _check_flags(group, type(self).__name__)
         self._check_live(group, gi)
         every = group.get("stabilize")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):

@@ -33,8 +33,14 @@ What it does as a ``torch.optim.Optimizer``:
 * **GradScaler**: ``torch.amp.GradScaler`` unscales the gradients in place and calls ``step`` only
   when they are finite, so a skipped step leaves parameters and state untouched. Without a scaler,
   the core's ``on_nonfinite="skip"`` (default) does the same for a non-finite gradient and counts it.
-* **torch.compile**: compile the model (``torch.compile(model)``); the optimizer runs eagerly on the
-  parameters the compiled model shares. The optimizer step itself is not compiled here.
+* **torch.compile**: compile the model (``torch.compile(model)``), the step
+  (``torch.compile(opt.step, fullgraph=True)``: one graph, no host reads, one compilation for every
+  later step; tested with ``backend="aot_eager"`` equal to the eager step), or both. The first step of
+  the parameters runs eagerly (``opt.step()`` once, uncompiled): it builds the state, checks the weights
+  and registers the kernels the traced update calls; a compiled step that would build state (a first
+  step, a structural hyperparameter changed) raises ``RuntimeError`` saying so. A compiled step checks
+  no values; :meth:`Optimizer.validate` checks them on request. A float ``lr`` changed by a scheduler is
+  a new constant to the compiled graph: torch recompiles, as for its own optimizers.
 * **bad input** — a ManifoldParameter whose shape or dtype does not fit its manifold, an initial
   weight off the manifold, a gradient of another dtype, device or shape, a parameter converted
   (``module.to``) to another dtype or device after its state was built — raises ``TypeError`` or
@@ -89,6 +95,10 @@ _NOT_HYPER = frozenset({"params", "param_names", "lr", "initial_lr"})
 # neither hyperparameters of the core nor unknown keys
 _SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
 _BOOKKEEPING = frozenset({"params", "param_names"}) | _SCHEDULER_KEYS
+# not part of a core's identity: torch.compile's optimizer support shows every param group with
+# capturable=True while it traces a step (torch/_dynamo/variables/optimizer.py, _set_capturable), so a
+# key holding it would rebuild every core inside the compiled step; its value is checked eagerly
+_NOT_IN_KEY = _BOOKKEEPING | {"capturable"}
 
 
 @dataclass
@@ -280,7 +290,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _hyper_key(self, group: dict) -> tuple:
         live = self._live_keys()
-        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _BOOKKEEPING and k not in live)
+        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _NOT_IN_KEY and k not in live)
 
     def _check_group_keys(self, group: dict, gi: int) -> None:
         if self._known is None:
@@ -362,7 +372,10 @@ class Optimizer(torch.optim.Optimizer):
         tensors = params if sharded is None else sharded.leaves
         for i, p, m in zip(indices, tensors, manifolds, strict=True):
             if m is not None:
-                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=not restoring)
+                # while torch.compile traces the step, is_point's host read would break the graph:
+                # the values are then checked by validate() or an eager first step, not here
+                on_manifold = not restoring and not torch.compiler.is_compiling()
+                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=on_manifold)
         leaves = [
             p.detach() if m is None or not restoring else _probe_point(m, p)
             for p, m in zip(tensors, manifolds, strict=True)
@@ -439,11 +452,14 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
+        compiling = torch.compiler.is_compiling()
         # all checks passed: build new cohorts, then compute every update, then write them all
         work = []
         for gi, group, plan in plans:
             key = self._hyper_key(group)
             for item in plan:
+                if compiling and (isinstance(item, tuple) or item.key != key):
+                    raise RuntimeError(_eager_first_message(group, gi, item, self._name))
                 if isinstance(item, tuple):
                     cohort = self._new_cohort(group, gi, item)
                     cohort.key = key
@@ -473,6 +489,21 @@ class Optimizer(torch.optim.Optimizer):
                 sharded.write(new)
             cohort.state = state
         return loss
+
+    @torch.no_grad()
+    def validate(self) -> None:
+        """Check that every ManifoldParameter of every param group lies on its manifold (at
+        ``is_point``'s default tolerance; one host read per weight); ``ValueError`` with the measured
+        error, the tolerance and the fix otherwise.
+
+        The first eager step of a parameter does this once; a compiled step
+        (``torch.compile(opt.step, fullgraph=True)``) reads nothing to the host and checks nothing
+        of the values, so call this where a check is wanted (after loading or editing weights)."""
+        for gi, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                m = manifold_of(p)
+                if m is not None:
+                    check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
 
     def _rebuild(self, group: dict, gi: int, cohort: _Cohort, key: Any) -> _Cohort:
         """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
@@ -609,6 +640,22 @@ class Optimizer(torch.optim.Optimizer):
             cohort.key = self._hyper_key(group)
             cohorts.append(cohort)
         return cohorts
+
+
+def _eager_first_message(group: dict, gi: int, item: Any, name: Callable) -> str:
+    """Why a compiled step cannot go on: building a core's state (a first step, changed structural
+    hyperparameters) runs eagerly — it checks the weights (host reads) and registers the kernels the
+    traced update calls."""
+    if isinstance(item, tuple):
+        names = ", ".join(name(group, gi, i) for i in item)
+        what = f"{names} take their first step here"
+    else:
+        what = f"the hyperparameters of param group {gi} changed (its core is rebuilt)"
+    return (
+        f"a compiled optimizer step cannot build optimizer state: {what}. Run that step eagerly "
+        "(call opt.step() once, uncompiled, before the compiled steps, and again after changing "
+        "hyperparameters other than those read at every step such as lr)"
+    )
 
 
 def _probe_point(manifold: Any, p: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,165 @@
+"""One optimizer step on a square orthogonal weight: geoarray.torch.Adam against torch and geoopt.
+
+The copying task's recurrent weight (``examples/copying_problem.py``; issue #28 measured it at 128×128):
+W ∈ Stiefel(n, n) = O(n). Steps timed, interleaved in one process (``_timing.interleaved_medians``:
+alternating order, medians), on the same fixed gradient:
+
+* ``geoarray``: :class:`geoarray.torch.Adam` (torch's conventions) on a ManifoldParameter — Algorithm 1
+  of Brantner, *Generalizing Adam to Manifolds for Efficiently Training Transformers* (Riemannian
+  gradient, lift to g^hor, Adam's moments there, retraction);
+* ``geoarray-paper``: :class:`geoarray.torch.PaperAdam` (the paper's variant, same algorithm);
+* ``torch``: ``torch.optim.Adam`` on the plain weight (no constraint: the floor of an Adam step);
+* ``geoopt``: ``geoopt.optim.RiemannianAdam`` on a ``geoopt.ManifoldParameter`` on
+  ``geoopt.Stiefel()`` (its default canonical metric and Cayley retraction), if geoopt is installed.
+
+Every optimizer steps its own copy of the weight; the gradient is a fixed random matrix (its
+magnitude does not change the work). Printed: the median step in ms and the ratio to torch's Adam
+and to geoopt's; ``--json`` writes them with the command and the machine.
+
+``--kernels`` also times, interleaved, the pieces of the square step and the n×n kernel a square fast
+path would use instead (for n = N the horizontal part B is empty and exp(W)E = exp(A)):
+
+* ``section``: the Householder section of the weight (QR of the n×n point, compact WY);
+* ``retraction-2n``: the retraction kernel as it runs today, φ₁ of the 2n×2n matrix X of eq. 21 with
+  G = 0 (:func:`geoarray.manifolds.retraction.retract_e`);
+* ``exp-n``: I + A·φ₁(A) on the n×n skew block alone (the same φ₁ code on a matrix a quarter the size);
+* ``torch-adam``: torch.optim.Adam's step, for scale.
+
+    OMP_NUM_THREADS=1 python benchmarks/square_step.py [--n 128] [--dtype float32] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import geoarray
+import geoarray.torch as gt
+
+try:
+    from _timing import interleaved_medians, machine_info
+except ImportError:  # imported as benchmarks._timing or by path
+    import importlib.util
+    import os
+
+    _spec = importlib.util.spec_from_file_location("_timing", os.path.join(os.path.dirname(__file__), "_timing.py"))
+    _timing = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_timing)
+    interleaved_medians, machine_info = _timing.interleaved_medians, _timing.machine_info
+
+
+def _steppers(n: int, dtype: torch.dtype, lr: float) -> dict:
+    M = geoarray.Stiefel(n, n)
+    start = M.random(0, xp=torch, dtype=dtype)
+    grad = torch.randn(n, n, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    out = {}
+
+    def make(param: torch.Tensor, opt: torch.optim.Optimizer):
+        param.grad = grad.clone()
+
+        def step() -> None:
+            opt.step()  # on the CPU: synchronous
+
+        return step
+
+    W = gt.ManifoldParameter(start.clone(), M)
+    out["geoarray"] = make(W, gt.Adam([W], lr=lr))
+    Wp = gt.ManifoldParameter(start.clone(), M)
+    out["geoarray-paper"] = make(Wp, gt.PaperAdam([Wp], lr=lr))
+    T = torch.nn.Parameter(start.clone())
+    out["torch"] = make(T, torch.optim.Adam([T], lr=lr))
+    try:
+        import geoopt
+    except ImportError:
+        geoopt = None
+    if geoopt is not None:
+        G = geoopt.ManifoldParameter(start.clone(), manifold=geoopt.Stiefel())
+        out["geoopt"] = make(G, geoopt.optim.RiemannianAdam([G], lr=lr))
+    return out
+
+
+def _kernels(n: int, dtype: torch.dtype) -> dict:
+    from geoarray.manifolds.retraction import _norm1, _phi1_bounded, retract_e
+
+    xp = geoarray.as_namespace(torch)
+    M = geoarray.Stiefel(n, n)
+    Y = M.random(0, xp=torch, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    A = torch.randn(n, n, generator=g, dtype=dtype)
+    A = A - A.mT
+    A = A * (0.05 / _norm1(A, xp))  # ‖A‖₁ of an Adam step at lr 1e-3
+    halfA, gram, B = A / 2, torch.zeros(n, n, dtype=dtype), torch.zeros(0, n, dtype=dtype)
+    eye = torch.eye(n, dtype=dtype)
+    T = torch.nn.Parameter(Y.clone())
+    T.grad = torch.randn(n, n, generator=g, dtype=dtype)
+    adam = torch.optim.Adam([T], lr=1e-4)
+    top, _ = retract_e(halfA, gram, B, xp=xp, method="geodesic", max_doublings=8)
+    fast = eye + A @ _phi1_bounded(A, _norm1(A, xp), xp, 8)
+    # the two kernels compute the same exp(A): a fast path would change rounding only
+    agree = float((top - fast).abs().max())
+    fns = {
+        "section": lambda: M.global_section(Y),
+        "retraction-2n": lambda: retract_e(halfA, gram, B, xp=xp, method="geodesic", max_doublings=8),
+        "exp-n": lambda: eye + A @ _phi1_bounded(A, _norm1(A, xp), xp, 8),
+        "torch-adam": adam.step,
+    }
+    return fns, agree
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=128)
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", action="store_true", help="also time the pieces of the square step")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.n < 1 or args.steps < 1:
+        parser.error(f"--n and --steps must be at least 1, got {args.n} and {args.steps}")
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    medians = interleaved_medians(_steppers(args.n, dtype, args.lr), args.steps)
+    rows = []
+    print(f"one Adam step on a {args.n}×{args.n} orthogonal weight, {args.dtype}, {args.threads} thread(s), "
+          f"median of {args.steps} interleaved steps")  # fmt: skip
+    for name, t in medians.items():
+        row = {"optimizer": name, "median_ms": 1e3 * t, "vs_torch": t / medians["torch"]}
+        if "geoopt" in medians:
+            row["vs_geoopt"] = t / medians["geoopt"]
+        rows.append(row)
+        vs_geoopt = f"  {row['vs_geoopt']:5.2f}× geoopt" if "vs_geoopt" in row else ""
+        print(f"{name:15s} {row['median_ms']:7.3f} ms  {row['vs_torch']:5.2f}× torch.optim.Adam{vs_geoopt}")
+    kernels = None
+    if args.kernels:
+        fns, agree = _kernels(args.n, dtype)
+        km = interleaved_medians(fns, args.steps)
+        kernels = {name: {"median_ms": 1e3 * t, "vs_torch_adam": t / km["torch-adam"]} for name, t in km.items()}
+        kernels["max_abs_difference_retraction_2n_vs_exp_n"] = agree
+        print(f"pieces of the step (max |retraction-2n − exp-n| = {agree:.1e}):")
+        for name, t in km.items():
+            print(f"  {name:15s} {1e3 * t:7.3f} ms  {t / km['torch-adam']:6.2f}× torch.optim.Adam's step")
+    result = {
+        "command": "python benchmarks/square_step.py " + shlex.join(argv),
+        "kernels": kernels,
+        "machine": machine_info(args.threads),
+        "n": args.n,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

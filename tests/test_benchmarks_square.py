@@ -1,0 +1,43 @@
+"""Smoke test of benchmarks/square_step.py (one step on a square orthogonal weight: geoarray.torch.Adam,
+PaperAdam, torch.optim.Adam and geoopt's RiemannianAdam where installed): it runs at a tiny size and
+its ``--json`` holds every optimizer with a positive, finite median and the ratios to torch's Adam
+(1 for torch itself) and to geoopt's, and with ``--kernels`` the pieces of the step, where the n×n
+kernel of a square fast path, I + A·φ₁(A), equals the 2n×2n retraction kernel's exp(A) to float32
+rounding. No time is asserted. Torch sessions only: the script times
+torch optimizers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "square_step.py")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # geoopt's import
+def test_square_step_json(backend, tmp_path, capsys):
+    if backend.name != "torch":
+        pytest.skip("benchmarks/square_step.py times torch optimizers on the CPU: the torch session runs it")
+    spec = importlib.util.spec_from_file_location("bench_square_step", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "square.json"
+    module.main(["--n", "8", "--steps", "2", "--kernels", "--json", str(path)])
+    assert "torch.optim.Adam" in capsys.readouterr().out
+    result = json.loads(path.read_text())
+    assert result["command"] == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --json {path}"
+    rows = {r["optimizer"]: r for r in result["rows"]}
+    expected = {"geoarray", "geoarray-paper", "torch"} | ({"geoopt"} if importlib.util.find_spec("geoopt") else set())
+    assert set(rows) == expected
+    for row in rows.values():
+        assert row["median_ms"] > 0 and math.isfinite(row["median_ms"])
+        assert math.isclose(row["vs_torch"], row["median_ms"] / rows["torch"]["median_ms"], rel_tol=1e-9)
+    assert rows["torch"]["vs_torch"] == 1.0
+    kernels = result["kernels"]
+    assert {"section", "retraction-2n", "exp-n", "torch-adam"} <= set(kernels)
+    # the square fast path's kernel computes the same exp(A) as the 2n×2n one (float32 rounding)
+    assert kernels["max_abs_difference_retraction_2n_vs_exp_n"] < 1e-5
