@@ -40,10 +40,14 @@ def public_modules(missing: dict[str, str] | None = None) -> list[str]:
             continue
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if missing is None or exc.name is None or exc.name.split(".")[0] == ROOT_MODULE:
+        except ImportError as exc:
+            # a missing dependency, raised as it is or wrapped by the module's own message (geoarray.jax:
+            # "geoarray.jax needs JAX: pip install ...", from the ModuleNotFoundError)
+            cause = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+            dependency = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
+            if missing is None or dependency is None or dependency.split(".")[0] == ROOT_MODULE:
                 raise
-            missing[name] = exc.name
+            missing[name] = dependency
             continue
         seen.append(name)
         for member in getattr(module, "__all__", ()):
@@ -176,12 +180,14 @@ def undocumented(modules: list[str] | None = None) -> list[str]:
 
 
 _MISSING = object()
+_UNCHECKED = object()  # names a module whose optional dependency (torch, jax) this environment lacks
 _ROLE = re.compile(r":(func|class|meth|mod|data|attr|exc|obj):`(?:[^`<]*<)?~?\.?([\w.]+)>?`")
 
 
 def resolve(target: str, module: str | None = None, cls: str | None = None) -> object:
     """The object a Python cross-reference names, looked up as Sphinx does (absolute, then relative to
-    the current class and module, then to each parent package); ``_MISSING`` if nothing has that name."""
+    the current class and module, then to each parent package); ``_MISSING`` if nothing has that name,
+    ``_UNCHECKED`` if the name leads into a module whose optional dependency is not installed."""
     contexts = [""]
     if module:
         parts = module.split(".")
@@ -200,6 +206,8 @@ def resolve(target: str, module: str | None = None, cls: str | None = None) -> o
                     obj = getattr(obj, attr)
             except AttributeError:
                 break
+            except ImportError:  # a lazy submodule whose framework is not installed here: not checkable
+                return _UNCHECKED
             return obj
     return _MISSING
 
@@ -351,7 +359,7 @@ def setup(app):  # the Sphinx extension
         if node.get("refdomain") != "py":
             return None
         obj = resolve(node.get("reftarget", ""), node.get("py:module"), node.get("py:class"))
-        canonical = _public_name(obj) if obj is not _MISSING else None
+        canonical = _public_name(obj) if obj is not _MISSING and obj is not _UNCHECKED else None
         if canonical is None or canonical == node.get("reftarget"):
             return None
         domain = env.get_domain("py")
