@@ -30,6 +30,8 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def example():
+    # a module fixture is set up before the function-scoped skip above: sessions without torch skip here
+    pytest.importorskip("torch", reason="examples/copying_problem.py is plain PyTorch: torch sessions")
     spec = importlib.util.spec_from_file_location("example_copying_problem", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
