@@ -167,3 +167,58 @@ def test_compressed_polar_step_equals_the_generic_path(xp, device, n_iter):
             assert_close(P1, P, xp=xp, atol=1e-12)
             assert_close(stiefel_spectral_step(Yk, G, lr=lr, P0=P0, n_iter=n_iter)[0], Y1, xp=xp, atol=0)
     assert M.is_point(Y1, atol=1e-12)
+
+
+def _muon_problem(xp, device):
+    M = Stiefel(10, 3)
+    params = {"Y": M.random(0, xp=xp, device=device), "W": geoarray.random.normal(1, (4, 3), xp=xp, device=device)}
+    grads = {"Y": geoarray.random.normal(2, (10, 3), xp=xp, device=device), "W": params["W"] * 0.5}
+    return params, {"Y": M, "W": None}, grads
+
+
+@pytest.mark.parametrize("host_reads", ["cpu", "never"])
+def test_a_non_finite_gradient_is_skipped_and_counted(xp, device, host_reads):
+    """ManifoldMuon (and Muon, its subclass) skip a step with a NaN gradient like the Riemannian optimizers:
+    parameters, buffers, duals and the Muon state unchanged bit for bit, state.skipped = 1, the step
+    counter unchanged; eager with host reads it warns once, without host reads (a GPU) it counts only;
+    the next finite step equals the one taken as if the bad one never came."""
+    import warnings
+
+    params, mans, grads = _muon_problem(xp, device)
+    previous = geoarray.set_host_reads(host_reads)
+    try:
+        opt = optim.ManifoldMuon(lr=0.05)
+        state = opt.init(params, mans)
+        params, state = opt.update(params, grads, state)
+        bad = {"Y": grads["Y"], "W": grads["W"] * float("nan")}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            same, skipped = opt.update(params, bad, state)
+        warned = [w for w in caught if issubclass(w.category, optim.NonFiniteGradientWarning)]
+        assert len(warned) == (1 if host_reads == "cpu" else 0)  # every backend here lives on the CPU
+        assert int(skipped.skipped) == 1 and int(skipped.step) == int(state.step)
+        for a, b in zip(optree.tree_leaves((same, skipped._replace(skipped=state.skipped))),
+                        optree.tree_leaves((params, state)), strict=True):  # fmt: skip
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        after, _ = opt.update(params, grads, skipped)
+        direct, _ = opt.update(params, grads, state)
+        for a, b in zip(optree.tree_leaves(after), optree.tree_leaves(direct), strict=True):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    finally:
+        geoarray.set_host_reads(previous)
+
+
+def test_on_nonfinite_raise_and_ignore(xp, device):
+    """``"raise"`` names the leaf and changes nothing; ``"ignore"`` lets NaN through (torch.optim.Muon's
+    behaviour); a bad policy is refused naming it."""
+    params, mans, grads = _muon_problem(xp, device)
+    bad = {"Y": grads["Y"], "W": grads["W"] * float("nan")}
+    opt = optim.Muon(lr=0.05, on_nonfinite="raise")
+    state = opt.init({"W": params["W"]})
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient for params\['W'\]"):
+        opt.update({"W": params["W"]}, {"W": bad["W"]}, state)
+    loose = optim.ManifoldMuon(lr=0.05, on_nonfinite="ignore")
+    out, _ = loose.update(params, bad, loose.init(params, mans))
+    assert np.isnan(to_numpy(out["W"])).all() and np.isfinite(to_numpy(out["Y"])).all()
+    with pytest.raises(ValueError, match="on_nonfinite must be one of"):
+        optim.ManifoldMuon(on_nonfinite="drop")

@@ -33,6 +33,7 @@ from ..manifolds.stiefel import Stiefel
 from . import layout as _layout
 from .layout import Layout
 from .muon import MANIFOLD_MUON_RETRACTIONS, NS_COEFFICIENTS, manifold_muon_step, muon
+from .riemannian import ON_NONFINITE, finiteness, warn_skipped
 from .transforms import _check_nonnegative, check_unit_interval, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
@@ -49,6 +50,7 @@ class ManifoldMuonState(NamedTuple):
     the Muon state of the Euclidean matrices, and the layout of the tree."""
 
     step: Array
+    skipped: Array  # updates skipped for a non-finite gradient (on_nonfinite="skip")
     buffers: tuple  # per group: the EMA momentum buffer (ambient coordinates, shaped like the group)
     duals: tuple  # per group: the Stiefel dual variable P (..., n, n), or NoDual()
     muon: Any  # the Muon transform's state over the Euclidean matrix groups
@@ -77,6 +79,11 @@ class ManifoldMuon:
         for the accuracy this buys.
     ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype :
         Muon's Newton–Schulz options for the Euclidean matrix leaves.
+    on_nonfinite : {"skip", "raise", "ignore"}
+        What a non-finite gradient does, as in :class:`~geoarray.optim.RiemannianOptimizer`: ``"skip"``
+        (default) leaves parameters, buffers, duals and the Muon state unchanged and counts the step in
+        ``state.skipped`` (warning at the first); ``"raise"`` raises ``FloatingPointError`` naming the
+        leaf; ``"ignore"`` lets NaN through, as ``torch.optim.Muon`` does.
     """
 
     #: which leaves this optimizer takes: Stiefel, Grassmann and Euclidean matrices (Muon: matrices only)
@@ -97,6 +104,7 @@ class ManifoldMuon:
         adjust_lr_fn: str | None = None,
         ns_dtype: Any = None,
         group_same_shape: bool = True,
+        on_nonfinite: str = "skip",
     ):
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
@@ -106,6 +114,9 @@ class ManifoldMuon:
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
         if not isinstance(group_same_shape, bool):
             raise TypeError(f"group_same_shape must be a bool, got {group_same_shape!r}")
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
         if retraction not in MANIFOLD_MUON_RETRACTIONS:
             raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
         if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:
@@ -164,8 +175,9 @@ class ManifoldMuon:
                 duals.append(NoDual())
             if group.manifold.is_vector_space:
                 euclid.append(Y)
+        count = zero_count(leaves)
         return ManifoldMuonState(
-            zero_count(leaves), tuple(buffers), tuple(duals), self.transform.init(tuple(euclid)), layout
+            count, xp.zeros_like(count), tuple(buffers), tuple(duals), self.transform.init(tuple(euclid)), layout
         )
 
     def update(
@@ -177,11 +189,26 @@ class ManifoldMuon:
             raise TypeError(f"state must be the ManifoldMuonState returned by init, got {type(state).__name__}")
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
+        packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
+        # a non-finite gradient: as RiemannianOptimizer does (read to the host where that is free, a
+        # skipped step then computes nothing; masked on the device otherwise)
+        finite = finiteness(self.on_nonfinite, layout, gleaves, packed_grads, xp)
+        if isinstance(finite, bool):
+            if not finite:
+                skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
+                warn_skipped(state, skipped)
+                return optree.tree_unflatten(layout.treedef, list(leaves)), skipped
+            finite = None
+        if finite is not None:  # zeros instead of NaN through Newton–Schulz and the retraction
+            zero = lambda G: xp.zeros((), dtype=G.dtype, device=_backend.device(G))  # noqa: E731
+            packed_grads = [xp.where(finite, G, zero(G)) for G in packed_grads]
+        # masked steps keep the old values where the flag is false (bit for bit)
+        keep = (lambda new, old: new) if finite is None else (lambda new, old: xp.where(finite, new, old))
         mu = self.momentum
         new_leaves: list = [None] * len(leaves)
         buffers, duals, e_points, e_grads, e_groups = [], [], [], [], []
-        for group, buf, P in zip(layout.groups, state.buffers, state.duals, strict=True):
-            Y, G = _layout.pack(group, leaves, xp), _layout.pack(group, gleaves, xp)
+        for group, G, buf, P in zip(layout.groups, packed_grads, state.buffers, state.duals, strict=True):
+            Y = _layout.pack(group, leaves, xp)
             M = group.manifold
             if M.is_vector_space:
                 e_points.append(Y)
@@ -191,21 +218,24 @@ class ManifoldMuon:
                 duals.append(P)
                 continue
             # B ← B + (1 − μ)(G − B) and U = G + μ(B − G), as torch.optim.Muon writes them
-            buf = _backend.lerp(buf, G, 1.0 - mu, xp)
-            U = _backend.lerp(G, buf, mu, xp) if self.nesterov else buf
+            buf_new = _backend.lerp(buf, G, 1.0 - mu, xp)
+            U = _backend.lerp(G, buf_new, mu, xp) if self.nesterov else buf_new
             Y_new, _, P_new = manifold_muon_step(
                 M, Y, U, None if isinstance(P, NoDual) else P, lr=self.lr, n_iter=self.dual_iterations,
                 retraction=self.retraction_name, return_direction=False,
             )  # fmt: skip
-            _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
-            buffers.append(buf)
-            duals.append(P if P_new is None else P_new)
+            _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
+            buffers.append(keep(buf_new, buf))
+            duals.append(P if P_new is None else keep(P_new, P))
         updates, muon_state = self.transform.update(tuple(e_grads), state.muon, tuple(e_points))
         for group, Y, W in zip(e_groups, e_points, updates, strict=True):
-            _layout.unpack(group, Y + W, layout.shapes, xp, new_leaves)
-        new_state = ManifoldMuonState(
-            _backend.as_array(state.step + 1), tuple(buffers), tuple(duals), muon_state, layout
-        )
+            _layout.unpack(group, keep(Y + W, Y), layout.shapes, xp, new_leaves)
+        step, skipped = _backend.as_array(state.step + 1), state.skipped
+        if finite is not None:
+            muon_state = optree.tree_map(keep, muon_state, state.muon)
+            step = keep(step, state.step)
+            skipped = _backend.as_array(skipped + xp.astype(xp.logical_not(finite), skipped.dtype))
+        new_state = ManifoldMuonState(step, skipped, tuple(buffers), tuple(duals), muon_state, layout)
         return optree.tree_unflatten(layout.treedef, new_leaves), new_state
 
 
@@ -233,8 +263,10 @@ class Muon(ManifoldMuon):
         *,
         ns_dtype: Any = None,
         group_same_shape: bool = True,
+        on_nonfinite: str = "skip",
     ):
         super().__init__(
             lr, momentum, nesterov, weight_decay, ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
             adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, group_same_shape=group_same_shape,
+            on_nonfinite=on_nonfinite,
         )  # fmt: skip

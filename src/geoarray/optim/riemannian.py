@@ -325,27 +325,6 @@ class RiemannianOptimizer:
         # made inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
-    def _finite(self, layout: Layout, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
-        """Whether every gradient is finite: a Python bool when eager (read to the host), a 0-d boolean
-        array when traced, None for no check. Checked on the packed groups, so a tree of many leaves
-        costs a few reductions (369 ViT leaves: 2), not one per leaf; ``"raise"`` checks per leaf to
-        name the culprits (eager only)."""
-        if self.on_nonfinite == "ignore":
-            return None
-        if self.on_nonfinite == "raise":
-            flags = [xp.all(xp.isfinite(g)) for g in gleaves]
-            bad = [p for f, p in zip(flags, layout.paths, strict=True) if not bool(f)]
-            if bad:
-                raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
-            return None
-        if _readable(packed[0]):
-            return _backend.all_finite_on_host(packed, xp)
-        finite = None
-        for G in packed:
-            flag = _backend.all_finite(G, xp)
-            finite = flag if finite is None else xp.logical_and(finite, flag)
-        return finite
-
     def _step(self, layout: Layout, leaves: list, gleaves: list, state: RiemannianState, xp: Any) -> tuple[list, Any]:
         """The step of :meth:`update` on the flattened leaves, already checked against the layout."""
         if len(state.sections) != len(layout.groups):
@@ -354,13 +333,13 @@ class RiemannianOptimizer:
                 "the state was assembled from parts of different optimizer states"
             )
         packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
-        finite = self._finite(layout, gleaves, packed_grads, xp)
+        finite = finiteness(self.on_nonfinite, layout, gleaves, packed_grads, xp)
         if isinstance(finite, bool):
             # eager: the flag was read to the host (one scalar; a retraction reads one anyway), so a
             # skipped step computes nothing and a finite one needs no masks (about 30 operations)
             if not finite:
                 skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
-                _warn_skipped(state, skipped)
+                warn_skipped(state, skipped)
                 return list(leaves), skipped
             finite = None
         if finite is not None:
@@ -444,7 +423,30 @@ class RiemannianOptimizer:
         return rotate
 
 
-def _warn_skipped(before: RiemannianState, after: RiemannianState) -> None:
+def finiteness(on_nonfinite: str, layout: Layout, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
+    """Whether every gradient is finite, for the policy ``on_nonfinite``: a Python bool when the value
+    may be read to the host (eager, :func:`geoarray.set_host_reads`), a 0-d boolean array to mask with
+    otherwise, None for no check. Checked on the packed groups, so a tree of many leaves costs a few
+    reductions (369 ViT leaves: 2), not one per leaf; ``"raise"`` checks per leaf to name the culprits
+    (a host read by design). Shared by every optimizer that has the policy."""
+    if on_nonfinite == "ignore":
+        return None
+    if on_nonfinite == "raise":
+        flags = [xp.all(xp.isfinite(g)) for g in gleaves]
+        bad = [p for f, p in zip(flags, layout.paths, strict=True) if not bool(f)]
+        if bad:
+            raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
+        return None
+    if _readable(packed[0]):
+        return _backend.all_finite_on_host(packed, xp)
+    finite = None
+    for G in packed:
+        flag = _backend.all_finite(G, xp)
+        finite = flag if finite is None else xp.logical_and(finite, flag)
+    return finite
+
+
+def warn_skipped(before: Any, after: Any) -> None:
     """Warn at the first skipped eager update of a state's history (``before.skipped`` is zero; traced
     updates cannot warn: ``state.skipped`` counts them)."""
     if int(before.skipped) != 0:
