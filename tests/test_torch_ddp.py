@@ -70,6 +70,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
         params = _train(model, DistributedDataParallel(model), x[shard], y[shard])
         torch.save(params, f"{out_dir}/rank{rank}.pt")
     finally:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 

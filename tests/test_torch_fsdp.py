@@ -205,6 +205,7 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         out["after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 

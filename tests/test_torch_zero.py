@@ -101,6 +101,7 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
             out[name] = ({k: v.detach().clone() for k, v in model.state_dict().items()}, n_local)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 
