@@ -503,3 +503,45 @@ def test_operation_validation(xp, device, kind):
         kind(6, 2, validate=True).rgrad(2 * Y, G)
     assert not M.is_point(2 * Y)
     assert not M.is_tangent(Y, Y + D)
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract's projection: point_error and nearest_point
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N,n", SIZES)
+def test_nearest_point_is_the_polar_factor_and_point_error_measures_the_distance(xp, device, kind, N, n):
+    """For frames, point_error = max|YᵀY − I| (NumPy reference, 1e-12) and nearest_point = U Vᵀ of the
+    SVD Y = U Σ Vᵀ (Higham, Theorem 8.4; 1e-10 on O(1) entries), a point fixed by the projection."""
+    M = kind(N, n)
+    Y = M.random(0, xp=xp, batch_shape=(2,), device=device)
+    assert M.has_nearest_point and M.point_error(Y) <= 1e-12
+    off = Y + 1e-2 * geoarray.random.normal(5, (2, N, n), xp=xp, device=device)
+    A = to_numpy(off)
+    assert abs(M.point_error(off) - np.abs(np.swapaxes(A, -1, -2) @ A - np.eye(n)).max()) <= 1e-12
+    U, _, Vt = np.linalg.svd(A, full_matrices=False)
+    P = M.nearest_point(off)
+    assert M.is_point(P)
+    np.testing.assert_allclose(to_numpy(P), U @ Vt, rtol=0, atol=1e-10)
+    assert max_abs(M.nearest_point(Y) - Y) <= 1e-12
+
+
+def test_point_error_and_nearest_point_of_euclidean_and_symplectic_stiefel(xp, device):
+    """Euclidean: every finite array is a point (error 0, ∞ for NaN), its own nearest point (a new array).
+    Symplectic Stiefel: point_error of a random point is below is_point's tolerance and grows off it;
+    there is no closed-form projection, and asking for one says so."""
+    E = Euclidean()
+    X = geoarray.random.normal(0, (3, 2), xp=xp, device=device)
+    assert E.has_nearest_point and E.point_error(X) == 0.0
+    assert E.point_error(X * float("nan")) == float("inf")
+    Xp = E.nearest_point(X)
+    assert Xp is not X and max_abs(Xp - X) == 0.0
+    S = geoarray.manifolds.SymplecticStiefel(6, 2)
+    Y = S.random(0, xp=xp, device=device)
+    assert S.point_error(Y) <= S.default_atol(Y.dtype, xp)
+    assert S.point_error(Y * 1.1) > 0.1  # (1.1² − 1) on the entries of 𝕁
+    assert not S.has_nearest_point
+    with pytest.raises(NotImplementedError, match="no closed-form nearest point"):
+        S.nearest_point(Y)

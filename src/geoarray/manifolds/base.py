@@ -87,6 +87,9 @@ class Manifold(abc.ABC):
       :attr:`section_strategies` implement it);
     * ManifoldMuon: ``spectral_direction`` (Stiefel and Grassmann), :meth:`global_section`,
       :meth:`global_rep` and :meth:`apply_retraction` for its g^hor retractions.
+
+    The torch adapter also calls :meth:`point_error` (in its error messages) and, where
+    :attr:`has_nearest_point`, :meth:`nearest_point` (``geoarray.torch.project_``).
     """
 
     #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
@@ -95,6 +98,8 @@ class Manifold(abc.ABC):
     section_strategies: tuple[str, ...] = ("householder",)
     #: a vector space (Euclidean): the optimizers update its points by addition, g^hor is the space itself
     is_vector_space: bool = False
+    #: :meth:`nearest_point` has a closed form (orthonormal frames: the polar factor)
+    has_nearest_point: bool = False
 
     @abc.abstractmethod
     def random(
@@ -154,6 +159,18 @@ class Manifold(abc.ABC):
     @abc.abstractmethod
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
         """Whether Y lies on the manifold within atol."""
+
+    def point_error(self, Y: Array) -> float | None:
+        """The distance from the manifold that :meth:`is_point` compares with its tolerance, over the
+        whole batch, as a Python float (one host read); None where the manifold has no such measure."""
+        return None
+
+    def nearest_point(self, Y: Array) -> Array:
+        """The point of the manifold nearest to Y (Frobenius norm), where it has a closed form
+        (:attr:`has_nearest_point`); ``NotImplementedError`` otherwise."""
+        raise NotImplementedError(
+            f"{self!r} has no closed-form nearest point: start from a point of the manifold, e.g. M.random(...)"
+        )
 
     @abc.abstractmethod
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:

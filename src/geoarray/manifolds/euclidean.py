@@ -8,6 +8,7 @@ through the optimizer as manifold weights: the section of a point Y is Y itself 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import _backend
@@ -24,6 +25,7 @@ class Euclidean(Manifold):
 
     point_shape = None
     is_vector_space = True
+    has_nearest_point = True
     validate = False
     section_strategies = ("householder", "transported", "random")
 
@@ -45,6 +47,16 @@ class Euclidean(Manifold):
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
         xp = self._namespace(Y=Y)
         return bool(xp.all(xp.isfinite(Y)))
+
+    def point_error(self, Y: Array) -> float:
+        """0 for finite Y (every finite array is a point), ∞ otherwise."""
+        xp = self._namespace(Y=Y)
+        return 0.0 if bool(xp.all(xp.isfinite(Y))) else math.inf
+
+    def nearest_point(self, Y: Array) -> Array:
+        """Y itself, as a new array: a vector space is its own nearest point."""
+        xp = self._namespace(Y=Y)
+        return xp.asarray(Y, copy=True)
 
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         xp = self._check_tangent_shape(Y, D, "D")

@@ -26,6 +26,7 @@ So exp(W)E = E + B′ K [I; ½A] costs O(N·n²) and never forms anything N×N.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import _backend, linalg
@@ -79,6 +80,7 @@ class OrthonormalFrames(Manifold):
     """
 
     section_strategies = SECTIONS
+    has_nearest_point = True
 
     def __init__(
         self,
@@ -146,6 +148,27 @@ class OrthonormalFrames(Manifold):
             Y = xp.astype(Y, xp.float32)
         err = xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y)
         return bool(xp.all(xp.abs(err) <= atol))
+
+    def point_error(self, Y: Array) -> float:
+        """max |YᵀY − I| over the batch (0 for an empty batch), in float32 at least."""
+        xp = self._namespace(Y=Y)
+        self._check_trailing(Y, "Y", self.point_shape)
+        if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
+            Y = xp.astype(Y, xp.float32)
+        if math.prod(Y.shape) == 0:
+            return 0.0
+        return float(xp.max(xp.abs(xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y))))
+
+    def nearest_point(self, Y: Array) -> Array:
+        """The orthogonal polar factor U Vᵀ of Y = U Σ Vᵀ: the nearest matrix with orthonormal columns in
+        the Frobenius (and every unitarily invariant) norm (Higham, *Functions of Matrices*, Theorem
+        8.4), by :func:`geoarray.linalg.polar`; half precision is projected in float32. Unique where Y
+        has full column rank."""
+        xp = self._namespace(Y=Y)
+        self._check_trailing(Y, "Y", self.point_shape)
+        if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
+            return xp.astype(linalg.polar(xp.astype(Y, xp.float32)), Y.dtype)
+        return linalg.polar(Y)
 
     # -- sections and the global representation ------------------------------------------------
 

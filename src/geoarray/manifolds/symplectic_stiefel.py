@@ -398,6 +398,15 @@ class SymplecticStiefel(Manifold):
             return True
         return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp)) <= atol
 
+    def point_error(self, Y: Array) -> float:
+        """max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖) over the batch (0 for an empty batch): the measure
+        :meth:`is_point` compares with its tolerance."""
+        xp = self._namespace(Y=Y)
+        self._check_trailing(Y, "Y", self.point_shape)
+        if math.prod(Y.shape) == 0:
+            return 0.0
+        return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp))
+
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         """Yᵀ𝕁Δ symmetric: ``|(Yᵀ𝕁Δ − Δᵀ𝕁ᵀY)_ij| ≤ atol·max(1, ‖y_i‖‖δ_j‖ + ‖δ_i‖‖y_j‖)``."""
         xp = self._check_tangent_shape(Y, D, "D")

@@ -48,8 +48,8 @@ from .. import optim as _optim
 from ..optim import torch_rules as _rules
 from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
-from .methods import _Method, _options
-from .optim import _OPTIONS
+from .methods import MethodOptimizer
+from .param_groups import CORE_OPTIONS, core_options
 from .parameter import project_
 
 __all__ = ["SGD", "Adam", "AdamW"]
@@ -99,7 +99,7 @@ def _flag(group: dict, key: str, gi: Any) -> None:
         raise TypeError(f"param_groups[{gi}]['{key}'] must be a bool, got {group[key]!r}")
 
 
-class _TorchStyle(_Method):
+class _TorchStyle(MethodOptimizer):
     """Shared machinery: live hyperparameters (validated at every step), structural ones in the key."""
 
     _LIVE = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
@@ -136,7 +136,7 @@ class _TorchStyle(_Method):
         return key + tuple((k, bool(group[k] != 0)) for k in self._ZERO_MATTERS if k in group)
 
     def _group_options(self, group: dict) -> dict:
-        opts = {k: group[k] for k in _OPTIONS}
+        opts = {k: group[k] for k in CORE_OPTIONS}
         if group.get("foreach") is False:
             opts["group_same_shape"] = False
         return opts
@@ -199,7 +199,7 @@ class Adam(_TorchStyle):
             "decoupled_weight_decay": decoupled_weight_decay or self._DECOUPLED,
             "delta": delta,
             "stabilize": stabilize,
-            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
 
@@ -311,7 +311,7 @@ class SGD(_TorchStyle):
             "differentiable": differentiable,
             "fused": fused,
             "stabilize": stabilize,
-            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
 

@@ -14,22 +14,13 @@ import torch
 
 from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
-from .optim import _BOOKKEEPING, _OPTIONS, Optimizer, _LiveLR, _scaled
+from .optim import Optimizer
+from .param_groups import BOOKKEEPING, CORE_OPTIONS, LiveHyperparameter, core_options, scaled
 
 __all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]
 
 
-def _options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
-    return {
-        "section": section,
-        "retraction": retraction,
-        "on_nonfinite": on_nonfinite,
-        "group_same_shape": group_same_shape,
-        "seed": seed,
-    }
-
-
-class _Method(Optimizer):
+class MethodOptimizer(Optimizer):
     """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``.
 
     The keys in ``_LIVE`` are read from the group at every step (no new core when a scheduler changes
@@ -52,7 +43,7 @@ class _Method(Optimizer):
         being added it has no index yet, and its constant value builds the probe core."""
         for gi, g in enumerate(self.param_groups):
             if g is group:
-                return _LiveLR(self, gi, key, index)
+                return LiveHyperparameter(self, gi, key, index)
         value = group[key] if index is None else group[key][index]
         return value.item() if isinstance(value, torch.Tensor) else float(value)
 
@@ -61,10 +52,10 @@ class _Method(Optimizer):
 
     @staticmethod
     def _opts(group: dict) -> dict:
-        return {k: group[k] for k in _OPTIONS}
+        return {k: group[k] for k in CORE_OPTIONS}
 
 
-class Gradient(_Method):
+class Gradient(MethodOptimizer):
     """Riemannian gradient descent, W = −η B (:class:`geoarray.optim.Gradient`), as a ``torch.optim.Optimizer``.
 
     Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed`` are those of
@@ -82,14 +73,14 @@ class Gradient(_Method):
         group_same_shape: bool = True,
         seed: int = 0,
     ):
-        defaults = {"lr": lr, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
         super().__init__(params, defaults)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Gradient(self._lr(group), **self._opts(group))
 
 
-class Momentum(_Method):
+class Momentum(MethodOptimizer):
     """Momentum, B_cache ← α B_cache + B, W = −η B_cache (eq. 8; :class:`geoarray.optim.Momentum`)."""
 
     def __init__(
@@ -104,14 +95,14 @@ class Momentum(_Method):
         group_same_shape: bool = True,
         seed: int = 0,
     ):
-        defaults = {"lr": lr, "alpha": alpha, **_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        defaults = {"lr": lr, "alpha": alpha, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
         super().__init__(params, defaults)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
 
 
-class PaperAdam(_Method):
+class PaperAdam(MethodOptimizer):
     """Adam on g^hor exactly as Brantner's paper writes it (eqs. 5–6; :class:`geoarray.optim.Adam`)
     as a ``torch.optim.Optimizer``: the paper's variant of :class:`geoarray.torch.Adam`.
 
@@ -143,7 +134,7 @@ class PaperAdam(_Method):
             "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
             "delta": delta,
             "eps": eps,
-            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
 
@@ -158,7 +149,7 @@ class PaperAdam(_Method):
 BrantnerAdam = PaperAdam
 
 
-class AdamWithDecay(_Method):
+class AdamWithDecay(MethodOptimizer):
     """Adam with a learning rate decaying geometrically from ``lr_start`` to ``lr_end``
     (:class:`geoarray.optim.AdamWithDecay`): give ``n_steps``, or ``n_epochs`` with ``steps_per_epoch``.
 
@@ -193,7 +184,7 @@ class AdamWithDecay(_Method):
             "delta": delta,
             "n_epochs": n_epochs,
             "steps_per_epoch": steps_per_epoch,
-            **_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
         super().__init__(params, defaults)
 
@@ -212,12 +203,12 @@ class AdamWithDecay(_Method):
         )
         factor = self._live(group, "lr")
         if callable(factor):
-            factor._reference = float(group["lr_start"])
-            core.transform = _scaled(core.transform, factor)
+            factor.reference = float(group["lr_start"])
+            core.transform = scaled(core.transform, factor)
         return core
 
 
-class ManifoldMuon(_Method):
+class ManifoldMuon(MethodOptimizer):
     """:class:`geoarray.optim.ManifoldMuon` as a ``torch.optim.Optimizer``: manifold Muon on
     ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
 
@@ -248,7 +239,7 @@ class ManifoldMuon(_Method):
         super().__init__(params, {"lr": lr, **defaults, **kwargs})
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
-        kwargs = {k: v for k, v in group.items() if k not in _BOOKKEEPING and k != "lr" and k in self._known}
+        kwargs = {k: v for k, v in group.items() if k not in BOOKKEEPING and k != "lr" and k in self._known}
         lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
         return self._CORE(lr, **kwargs)
 

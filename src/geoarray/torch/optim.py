@@ -58,18 +58,27 @@ Distributed use is described in :mod:`geoarray.torch`.
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import optree
 import torch
 
 from .. import optim as _optim
-from ..optim.riemannian import RiemannianOptimizer, RiemannianState
+from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
+from .cohorts import FORMAT, FORMAT_VERSION, Cohort, eager_first_message, probe_point, restore_state, saved_groups
+from .param_groups import (
+    BOOKKEEPING,
+    CORE_OPTIONS,
+    NOT_HYPERPARAMETERS,
+    NOT_IN_KEY,
+    LiveHyperparameter,
+    check_lr,
+    core_lr,
+    scaled,
+)
 from .parameter import check_manifold_tensor, manifold_of
 from .state_view import StateView
 
@@ -86,88 +95,6 @@ __all__ = [
     "Optimizer",
     "PaperAdam",
 ]
-
-_FORMAT = "geoarray.torch.Optimizer"
-_FORMAT_VERSION = 1
-_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
-_NOT_HYPER = frozenset({"params", "param_names", "lr", "initial_lr"})
-# keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
-# neither hyperparameters of the core nor unknown keys
-_SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
-_BOOKKEEPING = frozenset({"params", "param_names"}) | _SCHEDULER_KEYS
-# not part of a core's identity: torch.compile's optimizer support shows every param group with
-# capturable=True while it traces a step (torch/_dynamo/variables/optimizer.py, _set_capturable), so a
-# key holding it would rebuild every core inside the compiled step; its value is checked eagerly
-_NOT_IN_KEY = _BOOKKEEPING | {"capturable"}
-
-
-@dataclass
-class _Cohort:
-    """Parameters of one group that step together, with the core that updates them and its state."""
-
-    indices: tuple[int, ...]  # positions in group["params"]
-    shapes: tuple[tuple[int, ...], ...]
-    core: RiemannianOptimizer
-    state: RiemannianState
-    key: Any  # the hyperparameters the core was built from
-    # (dtype, device) of each parameter when the state was built: the state lives there
-    where: tuple[tuple[torch.dtype, torch.device], ...] = ()
-
-
-class _LiveLR:
-    """A learning-rate "schedule" that reads the param group's current ``lr`` at every step, so that
-    torch's LR schedulers (which write ``group["lr"]``) drive the core without rebuilding it.
-
-    ``key``/``index`` read another hyperparameter the same way (``group["betas"][0]``: OneCycleLR's
-    momentum cycling); ``reference`` divides the value (a factor relative to the rate a core was built
-    with)."""
-
-    def __init__(self, optimizer: Optimizer, group_index: int, key: str = "lr", index: int | None = None,
-                 reference: float = 1.0):  # fmt: skip
-        self._optimizer = weakref.ref(optimizer)
-        self._group_index = group_index
-        self._key, self._index, self._reference = key, index, reference
-
-    def __call__(self, t: Any = None) -> Any:
-        value = self._optimizer().param_groups[self._group_index][self._key]
-        if self._index is not None:
-            value = value[self._index]
-        if isinstance(value, torch.Tensor):
-            value = value.item()
-        return value if self._reference == 1.0 else value / self._reference
-
-
-def _scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
-    """``transform`` with its output multiplied by ``factor()`` read at every step, and the same state
-    (so a learning-rate change in the param group scales the velocity W = −η·direction without
-    changing the state's structure)."""
-
-    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        out, state = transform.update(updates, state, params)
-        f = factor()
-        return (out if f == 1.0 else optree.tree_map(lambda u: f * u, out)), state
-
-    return GradientTransformation(
-        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None)
-    )
-
-
-def _core_lr(core: Any) -> float | None:
-    """The constant learning rate a core was built with, where it says (``core.lr``), else None."""
-    lr = getattr(core, "lr", None)
-    try:
-        value = lr(1) if callable(lr) else lr
-        value = float(value)
-    except Exception:  # a schedule that needs an array step: no constant rate
-        return None
-    return value if value > 0 and value != float("inf") else None
-
-
-def _check_lr(lr: Any, name: str = "lr") -> None:
-    value = lr.item() if isinstance(lr, torch.Tensor) and lr.numel() == 1 else lr
-    # 0 is a rate, as in torch.optim (CosineAnnealingLR reaches it)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -216,12 +143,14 @@ class Optimizer(torch.optim.Optimizer):
         self._lr_reference: float | None = None  # None: the group's lr when the core was built
         self._lr_rebuilds = False  # True: lr changes rebuild the core (it cannot be scaled)
         if isinstance(core, _optim.OPTIMIZER_TYPES):
-            self._lr_reference = _core_lr(core) or 1.0
+            self._lr_reference = core_lr(core) or 1.0
             self._factory = lambda group, proto=core: self._copy_core(proto, group)
         elif callable(getattr(core, "init", None)) and callable(getattr(core, "update", None)):
             self._lr_reference = 1.0
-            self._known |= set(_OPTIONS)
-            self._factory = lambda group, t=core: _optim.riemannian(t, **{k: group[k] for k in _OPTIONS if k in group})
+            self._known |= set(CORE_OPTIONS)
+            self._factory = lambda group, t=core: _optim.riemannian(
+                t, **{k: group[k] for k in CORE_OPTIONS if k in group}
+            )
         elif callable(core):
             self._factory = core
             if not defaults:
@@ -233,7 +162,7 @@ class Optimizer(torch.optim.Optimizer):
             )
         if not self._OWN_CORES:
             defaults.setdefault("lr", self._lr_reference or 1.0)
-        self._cohorts: list[list[_Cohort]] = []
+        self._cohorts: list[list[Cohort]] = []
         super().__init__(params, defaults)
 
     @property
@@ -280,9 +209,9 @@ class Optimizer(torch.optim.Optimizer):
         reference = self._lr_reference
         if reference is None:
             reference = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else float(group["lr"])
-        scaled = copy.copy(core)
-        scaled.transform = _scaled(core.transform, _LiveLR(self, gi, reference=reference))
-        return scaled
+        with_lr = copy.copy(core)
+        with_lr.transform = scaled(core.transform, LiveHyperparameter(self, gi, reference=reference))
+        return with_lr
 
     def _live_keys(self) -> tuple[str, ...]:
         """Hyperparameters read at every step (their changes need no new core)."""
@@ -290,12 +219,12 @@ class Optimizer(torch.optim.Optimizer):
 
     def _hyper_key(self, group: dict) -> tuple:
         live = self._live_keys()
-        return tuple((k, repr(group[k])) for k in sorted(group) if k not in _NOT_IN_KEY and k not in live)
+        return tuple((k, repr(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
 
     def _check_group_keys(self, group: dict, gi: int) -> None:
         if self._known is None:
             return
-        unknown = sorted(k for k in group if k not in self._known and k not in _BOOKKEEPING and k != "params")
+        unknown = sorted(k for k in group if k not in self._known and k not in BOOKKEEPING and k != "params")
         if unknown:
             raise ValueError(
                 f"param_groups[{gi}] has keys {unknown} that {type(self).__name__} does not know (it takes "
@@ -318,7 +247,7 @@ class Optimizer(torch.optim.Optimizer):
         self._check_group_keys(param_group, gi)
         probe = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
         if "lr" in probe:
-            _check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
+            check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
         names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
         params = [it[1] if isinstance(it, tuple) and len(it) == 2 else it for it in items]
         if all(n is not None for n in names) and "param_names" not in probe:
@@ -357,7 +286,7 @@ class Optimizer(torch.optim.Optimizer):
                     raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
                 raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
 
-    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> _Cohort:
+    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> Cohort:
         """A cohort with a fresh core and state for ``group["params"][i] for i in indices``.
 
         ``restoring=True`` (a saved or carried state is about to replace the fresh one: load_state_dict,
@@ -377,12 +306,12 @@ class Optimizer(torch.optim.Optimizer):
                 on_manifold = not restoring and not torch.compiler.is_compiling()
                 check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=on_manifold)
         leaves = [
-            p.detach() if m is None or not restoring else _probe_point(m, p)
+            p.detach() if m is None or not restoring else probe_point(m, p)
             for p, m in zip(tensors, manifolds, strict=True)
         ]
         core = self._make_core(group, gi)
         fresh = core.init(leaves, manifolds)
-        return _Cohort(
+        return Cohort(
             indices,
             tuple(tuple(p.shape) for p in params),
             core,
@@ -391,7 +320,7 @@ class Optimizer(torch.optim.Optimizer):
             tuple((p.dtype, p.device) for p in params),
         )
 
-    def _plan(self, group: dict, gi: int) -> list[tuple[_Cohort | tuple, bool]]:
+    def _plan(self, group: dict, gi: int) -> list[tuple[Cohort | tuple, bool]]:
         """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
         partially active cohorts before anything is changed."""
         params = group["params"]
@@ -400,7 +329,7 @@ class Optimizer(torch.optim.Optimizer):
             return []
         self._check_grads(group, gi, active)
         if "lr" in group and not isinstance(group["lr"], torch.Tensor):  # edited by hand or by a scheduler
-            _check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+            check_lr(group["lr"], f"param_groups[{gi}]['lr']")
         active_set = set(active)
         plan: list = []
         covered: set[int] = set()
@@ -459,7 +388,7 @@ class Optimizer(torch.optim.Optimizer):
             key = self._hyper_key(group)
             for item in plan:
                 if compiling and (isinstance(item, tuple) or item.key != key):
-                    raise RuntimeError(_eager_first_message(group, gi, item, self._name))
+                    raise RuntimeError(eager_first_message(group, gi, item, self._name))
                 if isinstance(item, tuple):
                     cohort = self._new_cohort(group, gi, item)
                     cohort.key = key
@@ -505,7 +434,7 @@ class Optimizer(torch.optim.Optimizer):
                 if m is not None:
                     check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
 
-    def _rebuild(self, group: dict, gi: int, cohort: _Cohort, key: Any) -> _Cohort:
+    def _rebuild(self, group: dict, gi: int, cohort: Cohort, key: Any) -> Cohort:
         """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
         fresh = self._new_cohort(group, gi, cohort.indices, restoring=True)
         if optree.tree_structure(fresh.state) != optree.tree_structure(cohort.state):
@@ -525,7 +454,7 @@ class Optimizer(torch.optim.Optimizer):
         state = super().__getstate__()
         state["state"] = {}  # the view (opt.state) is rebuilt from the cohorts
         state["_cohorts"] = [
-            [_Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
+            [Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
         ]
         state["_factory"] = None if self._OWN_CORES else self._factory
         return state
@@ -549,38 +478,19 @@ class Optimizer(torch.optim.Optimizer):
         out = super().state_dict()
         out["state"] = {}  # torch's per-parameter entry: the views of opt.state would duplicate "geoarray"
         out["geoarray"] = {
-            "format": _FORMAT,
-            "version": _FORMAT_VERSION,
-            "groups": [
-                [
-                    {
-                        "indices": list(c.indices),
-                        "structure": str(optree.tree_structure(c.state)),
-                        "leaves": optree.tree_leaves(c.state),
-                    }
-                    for c in cohorts
-                ]
-                for cohorts in self._cohorts
-            ],
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "groups": [[c.entry() for c in cohorts] for cohorts in self._cohorts],
         }
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore hyperparameters and the core's state; the parameters must be those of the saved run
         (same groups, shapes, dtypes). Raises ``ValueError`` naming the mismatch, changing nothing."""
-        geo = state_dict.get("geoarray")
-        if not isinstance(geo, dict) or geo.get("format") != _FORMAT:
-            raise ValueError("state_dict has no 'geoarray' entry: it was not written by a geoarray.torch optimizer")
-        if geo.get("version") != _FORMAT_VERSION:
-            raise ValueError(
-                f"state_dict has geoarray format version {geo.get('version')!r}, this reads {_FORMAT_VERSION}"
-            )
-        groups = geo["groups"]
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(groups)} param groups, this optimizer {len(self.param_groups)}")
+        groups = saved_groups(state_dict, len(self.param_groups))
         saved = {k: v for k, v in state_dict.items() if k != "geoarray"}
         for gi, (mine, theirs) in enumerate(zip(self.param_groups, saved.get("param_groups", ()), strict=False)):
-            keys_mine, keys_theirs = set(mine) - _NOT_HYPER, set(theirs) - _NOT_HYPER
+            keys_mine, keys_theirs = set(mine) - NOT_HYPERPARAMETERS, set(theirs) - NOT_HYPERPARAMETERS
             if keys_mine != keys_theirs:
                 raise ValueError(
                     f"state_dict: param group {gi} holds the state of another optimizer: hyperparameters "
@@ -599,14 +509,14 @@ class Optimizer(torch.optim.Optimizer):
                 # validated now, not at the first step: building the group's core checks every
                 # hyperparameter it takes (a state_dict edited to lr="oops" is refused here)
                 if "lr" in group and not isinstance(group["lr"], torch.Tensor):
-                    _check_lr(group["lr"], f"state_dict['param_groups'][{gi}]['lr']")
+                    check_lr(group["lr"], f"state_dict['param_groups'][{gi}]['lr']")
                 self._make_core(group, gi)
             self._cohorts = [self._load_group(gi, entries) for gi, entries in enumerate(groups)]
         except BaseException:
             self.param_groups, self.state, self._cohorts = old
             raise
 
-    def _load_group(self, gi: int, entries: list) -> list[_Cohort]:
+    def _load_group(self, gi: int, entries: list) -> list[Cohort]:
         group = self.param_groups[gi]
         n = len(group["params"])
         cohorts = []
@@ -615,55 +525,10 @@ class Optimizer(torch.optim.Optimizer):
             if not indices or any(not 0 <= i < n for i in indices):
                 raise ValueError(f"state_dict: param group {gi} refers to parameters {indices}; the group has {n}")
             cohort = self._new_cohort(group, gi, indices, restoring=True)
-            like_leaves, treedef = optree.tree_flatten(cohort.state)
-            if entry["structure"] != str(treedef):
-                raise ValueError(
-                    f"state_dict: param group {gi} holds the state of another optimizer or parameter set:\n"
-                    f"  saved: {entry['structure']}\n  here:  {treedef}"
-                )
-            leaves = list(entry["leaves"])
-            if len(leaves) != len(like_leaves):
-                raise ValueError(
-                    f"state_dict: param group {gi} has {len(leaves)} state tensors, expected {len(like_leaves)}"
-                )
-            restored = []
-            for k, (t, like) in enumerate(zip(leaves, like_leaves, strict=True)):
-                if not isinstance(t, torch.Tensor) or t.shape != like.shape or t.dtype != like.dtype:
-                    got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise ValueError(
-                        f"state_dict: state tensor {k} of param group {gi} is {got}, expected {tuple(like.shape)} "
-                        f"{like.dtype}"
-                    )
-                # keep the saved memory layout: BLAS kernels round differently per layout
-                restored.append(t.detach().to(device=like.device).clone(memory_format=torch.preserve_format))
-            cohort.state = optree.tree_unflatten(treedef, restored)
+            restore_state(cohort, entry, gi)
             cohort.key = self._hyper_key(group)
             cohorts.append(cohort)
         return cohorts
-
-
-def _eager_first_message(group: dict, gi: int, item: Any, name: Callable) -> str:
-    """Why a compiled step cannot go on: building a core's state (a first step, changed structural
-    hyperparameters) runs eagerly — it checks the weights (host reads) and registers the kernels the
-    traced update calls."""
-    if isinstance(item, tuple):
-        names = ", ".join(name(group, gi, i) for i in item)
-        what = f"{names} take their first step here"
-    else:
-        what = f"the hyperparameters of param group {gi} changed (its core is rebuilt)"
-    return (
-        f"a compiled optimizer step cannot build optimizer state: {what}. Run that step eagerly "
-        "(call opt.step() once, uncompiled, before the compiled steps, and again after changing "
-        "hyperparameters other than those read at every step such as lr)"
-    )
-
-
-def _probe_point(manifold: Any, p: torch.Tensor) -> torch.Tensor:
-    """A point of ``manifold`` with the shape, dtype and device of ``p`` (for binding a core's layout)."""
-    k = len(manifold.point_shape or ())
-    if not k:
-        return p.detach()
-    return manifold.random(0, xp=torch, batch_shape=tuple(p.shape[: p.ndim - k]), dtype=p.dtype, device=p.device)
 
 
 # the convenience optimizers, in their own modules, re-exported here (geoarray.torch.optim.Adam, …)

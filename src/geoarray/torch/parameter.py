@@ -17,34 +17,23 @@ from typing import Any
 
 import torch
 
-from .. import linalg
 from ..manifolds.base import Manifold
-from ..manifolds.euclidean import Euclidean
-from ..manifolds.stiefel import OrthonormalFrames
 
 __all__ = ["ManifoldParameter", "check_manifold_tensor", "manifold_of", "nearest_point", "point_error", "project_"]
 
 
 def point_error(tensor: torch.Tensor, manifold: Manifold) -> float | None:
-    """max |YᵀY − I| over the batch for orthonormal frames (what ``is_point`` compares with its
-    tolerance; computed in float32 at least); None for manifolds without such a measure."""
-    if not isinstance(manifold, OrthonormalFrames):
-        return None
-    Y = tensor.detach()
-    if Y.dtype in (torch.float16, torch.bfloat16):
-        Y = Y.float()
-    eye = torch.eye(Y.shape[-1], dtype=Y.dtype, device=Y.device)
-    return float((Y.mT @ Y - eye).abs().max()) if Y.numel() else 0.0
+    """``manifold.point_error``: the distance from the manifold that ``is_point`` compares with its
+    tolerance (for frames max |YᵀY − I|, in float32 at least); None for manifolds without such a measure."""
+    return manifold.point_error(tensor.detach())
 
 
 def nearest_point(tensor: torch.Tensor, manifold: Manifold) -> torch.Tensor | None:
-    """The nearest point of ``manifold`` to ``tensor`` (module docstring), a new tensor of its dtype and
-    device; None where the manifold has no projection. Half precision is projected in float32."""
-    if not isinstance(manifold, OrthonormalFrames):
+    """The nearest point of ``manifold`` to ``tensor`` (``manifold.nearest_point``, module docstring), a
+    new tensor of its dtype and device; None where the manifold has no closed-form projection."""
+    if not manifold.has_nearest_point:
         return None
-    Y = tensor.detach()
-    work = Y.float() if Y.dtype in (torch.float16, torch.bfloat16) else Y
-    return linalg.polar(work).to(Y.dtype)
+    return manifold.nearest_point(tensor.detach())
 
 
 def _tolerance(tensor: torch.Tensor, manifold: Manifold) -> float:
@@ -62,7 +51,7 @@ def _off_manifold_message(name: str, tensor: torch.Tensor, manifold: Manifold, *
             f"{tensor.dtype}): its nearest point is not unique (the matrix is rank-deficient); start from a "
             "full-rank matrix or M.random(...)"
         )
-    if isinstance(manifold, OrthonormalFrames):
+    if manifold.has_nearest_point:
         fix = (
             "project it to the nearest point: ManifoldParameter(data, M) (project=True, the default), "
             "p.proj_() or geoarray.torch.project_(model)"
@@ -91,19 +80,14 @@ def check_manifold_tensor(tensor: Any, manifold: Manifold, name: str, *, on_mani
         raise ValueError(
             f"{name} has shape {tuple(tensor.shape)}, which does not end in {tuple(shape)} as {manifold!r} needs"
         )
-    if (
-        on_manifold
-        and not isinstance(manifold, Euclidean)
-        and tensor.numel()
-        and not manifold.is_point(tensor.detach())
-    ):
+    if on_manifold and not manifold.is_vector_space and tensor.numel() and not manifold.is_point(tensor.detach()):
         raise ValueError(_off_manifold_message(name, tensor, manifold))
 
 
 def manifold_of(p: torch.Tensor) -> Manifold | None:
     """The manifold of a parameter: its ``manifold`` for a :class:`ManifoldParameter`, None otherwise."""
     m = getattr(p, "manifold", None)
-    return None if m is None or isinstance(m, Euclidean) else m
+    return None if m is None or m.is_vector_space else m
 
 
 def _rebuild(data: torch.Tensor, manifold: Manifold | None, requires_grad: bool, state: dict) -> ManifoldParameter:
@@ -214,7 +198,7 @@ class ManifoldParameter(torch.nn.Parameter):
 
 
 def _on_manifold(tensor: torch.Tensor, manifold: Manifold) -> bool:
-    if isinstance(manifold, Euclidean) or not tensor.numel():
+    if manifold.is_vector_space or not tensor.numel():
         return True
     Y = tensor.detach()
     return bool(manifold.is_point(Y if Y.dtype not in (torch.float16, torch.bfloat16) else Y.float(),

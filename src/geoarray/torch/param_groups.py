@@ -1,0 +1,117 @@
+"""How a ``torch.optim`` param group drives a geoarray optimizer core.
+
+A param group is a dict of hyperparameters. Some of its keys are the core's options
+(:data:`CORE_OPTIONS`), some are torch's bookkeeping (:data:`BOOKKEEPING`: the parameters, their names,
+and what LR schedulers add), the rest are the method's hyperparameters. Those read at every step
+(``lr``, and for the torch-convention optimizers ``betas``, ``eps``, …) reach the core through a
+:class:`LiveHyperparameter`, so a scheduler's change needs no new core; a change of any other key
+builds a new core that keeps the state (:class:`geoarray.torch.Optimizer`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import optree
+import torch
+
+from ..optim.transforms import GradientTransformation
+
+__all__ = [
+    "BOOKKEEPING",
+    "CORE_OPTIONS",
+    "NOT_HYPERPARAMETERS",
+    "NOT_IN_KEY",
+    "LiveHyperparameter",
+    "check_lr",
+    "core_lr",
+    "core_options",
+    "scaled",
+]
+
+#: the options of :class:`geoarray.optim.RiemannianOptimizer` a param group may carry
+CORE_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
+#: keys that are not compared when a saved state_dict is matched to the optimizer's groups
+NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr"})
+# keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
+# neither hyperparameters of the core nor unknown keys
+_SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+#: torch's keys of a param group, which are neither hyperparameters of the core nor unknown keys
+BOOKKEEPING = frozenset({"params", "param_names"}) | _SCHEDULER_KEYS
+# not part of a core's identity: torch.compile's optimizer support shows every param group with
+# capturable=True while it traces a step (torch/_dynamo/variables/optimizer.py, _set_capturable), so a
+# key holding it would rebuild every core inside the compiled step; its value is checked eagerly
+#: keys left out of the key that identifies a group's core
+NOT_IN_KEY = BOOKKEEPING | {"capturable"}
+
+
+def core_options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
+    """The :data:`CORE_OPTIONS` as a param group's defaults (the convenience optimizers' keywords)."""
+    return {
+        "section": section,
+        "retraction": retraction,
+        "on_nonfinite": on_nonfinite,
+        "group_same_shape": group_same_shape,
+        "seed": seed,
+    }
+
+
+class LiveHyperparameter:
+    """A hyperparameter read from the param group at every step — by default ``lr``, so that torch's LR
+    schedulers (which write ``group["lr"]``) drive the core without rebuilding it. It is a callable of
+    the step, as the core's schedules are.
+
+    ``key``/``index`` read another hyperparameter the same way (``group["betas"][0]``: OneCycleLR's
+    momentum cycling); ``reference`` divides the value (a factor relative to the rate a core was built
+    with)."""
+
+    def __init__(self, optimizer: Any, group_index: int, key: str = "lr", index: int | None = None,
+                 reference: float = 1.0):  # fmt: skip
+        # weak: the core holding this reader must not keep its optimizer alive
+        self._optimizer = weakref.ref(optimizer)
+        self._group_index = group_index
+        self.key, self.index, self.reference = key, index, reference
+
+    def __call__(self, t: Any = None) -> Any:
+        value = self._optimizer().param_groups[self._group_index][self.key]
+        if self.index is not None:
+            value = value[self.index]
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        return value if self.reference == 1.0 else value / self.reference
+
+
+def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
+    """``transform`` with its output multiplied by ``factor()`` read at every step, and the same state
+    (so a learning-rate change in the param group scales the velocity W = −η·direction without
+    changing the state's structure)."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        out, state = transform.update(updates, state, params)
+        f = factor()
+        return (out if f == 1.0 else optree.tree_map(lambda u: f * u, out)), state
+
+    return GradientTransformation(
+        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None)
+    )
+
+
+def core_lr(core: Any) -> float | None:
+    """The constant learning rate a core was built with, where it says (``core.lr``), else None."""
+    lr = getattr(core, "lr", None)
+    try:
+        value = lr(1) if callable(lr) else lr
+        value = float(value)
+    except Exception:  # a schedule that needs an array step: no constant rate
+        return None
+    return value if value > 0 and value != float("inf") else None
+
+
+def check_lr(lr: Any, name: str = "lr") -> None:
+    """``ValueError`` naming ``name`` unless ``lr`` is a non-negative finite number (or a one-element tensor)."""
+    value = lr.item() if isinstance(lr, torch.Tensor) and lr.numel() == 1 else lr
+    # 0 is a rate, as in torch.optim (CosineAnnealingLR reaches it)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a non-negative finite number, got {lr!r}")
