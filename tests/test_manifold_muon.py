@@ -222,3 +222,41 @@ def test_on_nonfinite_raise_and_ignore(xp, device):
     assert np.isnan(to_numpy(out["W"])).all() and np.isfinite(to_numpy(out["Y"])).all()
     with pytest.raises(ValueError, match="on_nonfinite must be one of"):
         optim.ManifoldMuon(on_nonfinite="drop")
+
+
+class _FramesWithDual(Grassmann):
+    """A Grassmann manifold to which a test gives its own manifold-Muon step and dual (the extension point)."""
+
+
+def test_a_manifold_joins_manifold_muon_by_registering_its_spectral_step(xp, device):
+    """``spectral_step.register`` and ``dual_shape.register`` are how a manifold joins ManifoldMuon: the
+    optimizer then accepts its leaves, keeps a zero dual of the registered shape, and calls the registered
+    step with the momentum buffer (momentum 0: the gradient), the rate and the dual; a manifold without a
+    registered step (symplectic Stiefel) is refused with the pointer to ``partition``."""
+    from geoarray.optim.muon import dual_shape, spectral_step, supports_manifold_muon
+
+    calls = []
+
+    @spectral_step.register
+    def _(manifold: _FramesWithDual, Y, G, P, *, lr, n_iter, retraction, return_direction):
+        calls.append((G, P, lr))
+        return Y, None, P + 1.0
+
+    dual_shape.register(_FramesWithDual, lambda m: (2,))
+    M = _FramesWithDual(5, 2)
+    assert (
+        supports_manifold_muon(M) and supports_manifold_muon(Stiefel(5, 2)) and supports_manifold_muon(Grassmann(5, 2))
+    )
+    assert not supports_manifold_muon(SymplecticStiefel(4, 2))
+    Y = M.random(0, xp=xp, batch_shape=(3,), device=device)
+    G = geoarray.random.normal(1, (3, 5, 2), xp=xp, device=device)
+    opt = optim.ManifoldMuon(lr=0.25, momentum=0.0, nesterov=False)
+    state = opt.init({"Y": Y}, {"Y": M})
+    assert tuple(state.duals[0].shape) == (3, 2) and float(np.abs(to_numpy(state.duals[0])).max()) == 0.0
+    new, state = opt.update({"Y": Y}, {"Y": G}, state)
+    assert len(calls) == 1 and calls[0][2] == 0.25
+    assert_close(calls[0][0], G, xp=xp, atol=0.0)
+    assert_close(state.duals[0], xp.ones((3, 2), dtype=Y.dtype, device=device), xp=xp, atol=0.0)
+    S = SymplecticStiefel(4, 2)
+    with pytest.raises(ValueError, match="partition"):
+        opt.init({"Z": S.random(0, xp=xp, device=device)}, {"Z": S})

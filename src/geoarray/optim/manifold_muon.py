@@ -28,13 +28,18 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
-from ..manifolds.grassmann import Grassmann
-from ..manifolds.stiefel import Stiefel
 from . import layout as _layout
 from .layout import Layout
-from .muon import MANIFOLD_MUON_RETRACTIONS, NS_COEFFICIENTS, manifold_muon_step, muon
+from .muon import (
+    MANIFOLD_MUON_RETRACTIONS,
+    NS_COEFFICIENTS,
+    dual_shape,
+    manifold_muon_step,
+    muon,
+    supports_manifold_muon,
+)
 from .riemannian import ON_NONFINITE, finiteness, warn_skipped
-from .transforms import _check_nonnegative, check_unit_interval, zero_count
+from .transforms import check_nonnegative, check_unit_interval, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
@@ -108,8 +113,8 @@ class ManifoldMuon:
     ):
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
-        _check_nonnegative(lr, "lr")
-        _check_nonnegative(weight_decay, "weight_decay")
+        check_nonnegative(lr, "lr")
+        check_nonnegative(weight_decay, "weight_decay")
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
         if not isinstance(group_same_shape, bool):
@@ -138,7 +143,7 @@ class ManifoldMuon:
                 raise ValueError(
                     f"{path} lives on {m!r}: Muon updates Euclidean matrices; use ManifoldMuon for manifold leaves"
                 )
-            if not (m.is_vector_space or isinstance(m, (Stiefel, Grassmann))):
+            if not supports_manifold_muon(m):
                 raise ValueError(
                     f"{path} lives on {m!r}: ManifoldMuon supports Stiefel and Grassmann leaves (and Euclidean "
                     "matrices); use geoarray.optim.partition to give it another optimizer"
@@ -168,11 +173,11 @@ class ManifoldMuon:
         for group in layout.groups:
             Y = _layout.pack(group, leaves, xp)
             buffers.append(xp.zeros_like(Y))
-            if isinstance(group.manifold, Stiefel):
-                n = group.manifold.n
-                duals.append(xp.zeros((*Y.shape[:-2], n, n), dtype=Y.dtype, device=_backend.device(Y)))
-            else:
+            shape = None if group.manifold.is_vector_space else dual_shape(group.manifold)
+            if shape is None:
                 duals.append(NoDual())
+            else:
+                duals.append(xp.zeros((*Y.shape[:-2], *shape), dtype=Y.dtype, device=_backend.device(Y)))
             if group.manifold.is_vector_space:
                 euclid.append(Y)
         count = zero_count(leaves)

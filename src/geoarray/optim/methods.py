@@ -25,8 +25,8 @@ from typing import Any
 from .riemannian import RiemannianOptimizer
 from .schedules import as_schedule, exponential_decay
 from .transforms import (
-    _check_nonnegative,
     chain,
+    check_nonnegative,
     scale_by_adam,
     scale_by_bfgs,
     scale_by_learning_rate,
@@ -155,7 +155,7 @@ class BFGS(RiemannianOptimizer):
         **kwargs: Any,
     ):
         self.lr = as_schedule(lr)
-        self.curvature_eps = _check_nonnegative(curvature_eps, "curvature_eps")
+        self.curvature_eps = check_nonnegative(curvature_eps, "curvature_eps")
         super().__init__(
             scale_by_bfgs(lr, curvature_eps),
             section=section,

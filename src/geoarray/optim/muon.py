@@ -23,6 +23,7 @@ J. Bernstein, "Modular Manifolds" (Thinking Machines Lab, 2025) for the manifold
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -30,8 +31,10 @@ import optree
 
 from .. import _backend, linalg
 from .._backend import array_namespace
+from ..manifolds.grassmann import Grassmann
+from ..manifolds.stiefel import Stiefel
 from .layout import leaf_path
-from .transforms import GradientTransformation, _check_nonnegative, check_unit_interval
+from .transforms import GradientTransformation, check_nonnegative, check_unit_interval
 
 __all__ = [
     "MANIFOLD_MUON_RETRACTIONS",
@@ -40,10 +43,13 @@ __all__ = [
     "MuonState",
     "NewtonSchulzState",
     "ScaleByMuonState",
+    "dual_shape",
     "manifold_muon_step",
     "muon",
     "orthogonalize_by_newton_schulz",
     "scale_by_muon",
+    "spectral_step",
+    "supports_manifold_muon",
 ]
 
 from .._typing import Array
@@ -243,8 +249,8 @@ def muon(
     must be passed to ``update`` when ``weight_decay`` ≠ 0. Set ``ns_dtype="bfloat16"`` to
     reproduce torch's bfloat16 iteration.
     """
-    _check_nonnegative(lr, "lr")
-    _check_nonnegative(weight_decay, "weight_decay")
+    check_nonnegative(lr, "lr")
+    check_nonnegative(weight_decay, "weight_decay")
     inner = scale_by_muon(momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype)
     lr_, wd = float(lr), float(weight_decay)
 
@@ -329,29 +335,79 @@ def manifold_muon_step(
     ``retraction="geodesic"`` or ``"cayley"`` instead lifts −lr·A* to g^hor with a Householder
     section and retracts there (Brantner, eq. 13): λ(Y)·exp(−lr·Ω(A*))E or its Cayley version.
     """
-    from ..manifolds.grassmann import Grassmann
-    from ..manifolds.stiefel import Stiefel
-
     if not lr >= 0:
         raise ValueError(f"lr must be non-negative, got {lr!r}")
     if retraction not in MANIFOLD_MUON_RETRACTIONS:
         raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
-    if isinstance(manifold, Stiefel):
-        manifold._check_point(Y)
-        if retraction == "polar":
-            from ..manifolds.spectral import stiefel_spectral_step
-
-            # the polar retraction in the compressed coordinates (same result, fewer N×n products)
-            out = stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=n_iter, return_direction=return_direction)
-            return out if return_direction else (out[0], None, out[1])
-        A, P_new = manifold.spectral_direction(Y, G, P0=P, n_iter=n_iter)
-    elif isinstance(manifold, Grassmann):
-        A, P_new = manifold.spectral_direction(Y, G), P
-    else:
+    step = spectral_step.dispatch(type(manifold))
+    if step is _no_spectral_step:
         raise TypeError(f"manifold must be a Stiefel or Grassmann manifold, got {type(manifold).__name__}")
+    return step(manifold, Y, G, P, lr=lr, n_iter=n_iter, retraction=retraction, return_direction=return_direction)
+
+
+@functools.singledispatch
+def spectral_step(
+    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
+    return_direction: bool,
+) -> tuple[Array, Array | None, Array | None]:  # fmt: skip
+    """The manifold-specific part of :func:`manifold_muon_step`, dispatched on the manifold's type.
+
+    Registered for :class:`~geoarray.manifolds.Stiefel` and :class:`~geoarray.manifolds.Grassmann`;
+    ``spectral_step.register(MyManifold)`` adds a manifold to :class:`~geoarray.optim.ManifoldMuon`
+    (with :func:`dual_shape` if its direction has a warm-started dual variable)."""
+    return _no_spectral_step(manifold)
+
+
+def _no_spectral_step(manifold: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(f"manifold muon has no step for {type(manifold).__name__}")
+
+
+spectral_step.register(object, _no_spectral_step)
+
+
+def supports_manifold_muon(manifold: Any) -> bool:
+    """Whether :class:`~geoarray.optim.ManifoldMuon` can update points of ``manifold``: a vector space
+    (Muon on matrices) or a manifold with a registered :func:`spectral_step`."""
+    return manifold.is_vector_space or spectral_step.dispatch(type(manifold)) is not _no_spectral_step
+
+
+@functools.singledispatch
+def dual_shape(manifold: Any) -> tuple[int, ...] | None:
+    """The trailing shape of the dual variable that warm-starts the spectral direction (the state
+    :class:`~geoarray.optim.ManifoldMuon` keeps per group); None where there is none."""
+    return None
+
+
+@dual_shape.register
+def _(manifold: Stiefel) -> tuple[int, int]:
+    return (manifold.n, manifold.n)
+
+
+def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: float, retraction: str) -> tuple:
+    """Y_new by the polar retraction of Y − lr·A*, or through g^hor (exp/Cayley)."""
     if retraction == "polar":
         Y_new = linalg.polar(Y - lr * A, method="eigh")
     else:
         lam = manifold.global_section(Y, strategy="householder")
         Y_new = manifold.apply_retraction(lam, manifold.global_rep(lam, -lr * A), retraction)
     return Y_new, A, P_new
+
+
+@spectral_step.register
+def _(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
+      return_direction: bool) -> tuple:  # fmt: skip
+    if retraction == "polar":
+        from ..manifolds.spectral import stiefel_spectral_step
+
+        manifold._check_point(Y)
+        # the polar retraction in the compressed coordinates (same result, fewer N×n products)
+        out = stiefel_spectral_step(Y, G, lr=lr, P0=P, n_iter=n_iter, return_direction=return_direction)
+        return out if return_direction else (out[0], None, out[1])
+    A, P_new = manifold.spectral_direction(Y, G, P0=P, n_iter=n_iter)
+    return _finish(manifold, Y, A, P_new, lr, retraction)
+
+
+@spectral_step.register
+def _(manifold: Grassmann, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
+      return_direction: bool) -> tuple:  # fmt: skip
+    return _finish(manifold, Y, manifold.spectral_direction(Y, G), P, lr, retraction)

@@ -19,12 +19,12 @@ from .._backend import array_namespace
 from .transforms import (
     EmptyState,
     GradientTransformation,
-    _as_float,
-    _check_nonnegative,
-    _unchanged,
-    _zeros_like,
+    check_nonnegative,
     check_unit_interval,
+    count_as_float,
+    keep_state,
     zero_count,
+    zeros_like_tree,
 )
 
 __all__ = ["ScaleBySGDState", "ScaleByTorchAdamState", "scale", "scale_by_torch_adam", "scale_by_torch_sgd"]
@@ -71,7 +71,7 @@ def _step_coefficients(count: Array, compute: Callable[[Any], tuple]) -> Callabl
     def coefficients(g: Array) -> tuple:
         key = (str(g.dtype), str(_backend.device(g)))
         if key not in cache:
-            cache[key] = compute(_as_float(count, g))
+            cache[key] = compute(count_as_float(count, g))
         return cache[key]
 
     return coefficients
@@ -92,7 +92,7 @@ def scale(step_size: float) -> GradientTransformation:
             return updates, state
         return optree.tree_map(lambda u: factor * u, updates), state
 
-    return GradientTransformation(init, update, reframe=_unchanged)
+    return GradientTransformation(init, update, reframe=keep_state)
 
 
 def scale_by_torch_adam(
@@ -129,16 +129,16 @@ def scale_by_torch_adam(
     """
     b1 = _hyperparameter(beta1, "beta1", check_unit_interval)
     b2 = _hyperparameter(beta2, "beta2", check_unit_interval)
-    eps_ = _hyperparameter(eps, "eps", _check_nonnegative)
-    delta_ = _hyperparameter(delta, "delta", _check_nonnegative)
-    wd = _hyperparameter(weight_decay, "weight_decay", _check_nonnegative)
+    eps_ = _hyperparameter(eps, "eps", check_nonnegative)
+    delta_ = _hyperparameter(delta, "delta", check_nonnegative)
+    wd = _hyperparameter(weight_decay, "weight_decay", check_nonnegative)
     if not callable(eps) and not callable(delta) and eps_(1) == 0 and delta_(1) == 0:
         raise ValueError("scale_by_torch_adam needs eps > 0 (outside the root) or delta > 0 (inside): both are 0")
     uses_decay = callable(weight_decay) or weight_decay != 0
     amsgrad, decoupled = bool(amsgrad), bool(decoupled_weight_decay)
 
     def init(params: Any) -> ScaleByTorchAdamState:
-        zeros = _zeros_like(params)
+        zeros = zeros_like_tree(params)
         return ScaleByTorchAdamState(zero_count(params), zeros, zeros, zeros if amsgrad else ())
 
     def compute(t: Any) -> tuple:
@@ -198,16 +198,16 @@ def scale_by_torch_sgd(
     keeps no buffer. Nesterov needs μ > 0 and τ = 0 (torch's rule).
     """
     no_momentum = not callable(momentum) and momentum == 0
-    mu = _hyperparameter(momentum, "momentum", _check_nonnegative)
-    tau = _hyperparameter(dampening, "dampening", _check_nonnegative)
-    wd = _hyperparameter(weight_decay, "weight_decay", _check_nonnegative)
+    mu = _hyperparameter(momentum, "momentum", check_nonnegative)
+    tau = _hyperparameter(dampening, "dampening", check_nonnegative)
+    wd = _hyperparameter(weight_decay, "weight_decay", check_nonnegative)
     nesterov = bool(nesterov)
     if nesterov and (no_momentum or (not callable(dampening) and tau(1) != 0)):
         raise ValueError("nesterov momentum requires a momentum > 0 and zero dampening (torch.optim.SGD's rule)")
     uses_decay = callable(weight_decay) or weight_decay != 0
 
     def init(params: Any) -> ScaleBySGDState:
-        return ScaleBySGDState(zero_count(params), () if no_momentum else _zeros_like(params))
+        return ScaleBySGDState(zero_count(params), () if no_momentum else zeros_like_tree(params))
 
     def compute(t: Any) -> tuple:
         if isinstance(t, int):

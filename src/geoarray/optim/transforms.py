@@ -144,7 +144,8 @@ def zero_count(tree: Any) -> Array:
     return xp.zeros((), dtype=_backend.index_dtype(xp), device=_backend.device(leaf))
 
 
-def _as_float(count: Array, like: Array) -> Array:
+def count_as_float(count: Array, like: Array) -> Array:
+    """The step counter as a 0-d array of ``like``'s floating dtype (for bias corrections)."""
     xp = array_namespace(like)
     # xp.asarray: NumPy turns 0-d arithmetic results into scalars, which are not arrays
     return xp.astype(xp.asarray(count), like.dtype)
@@ -162,13 +163,15 @@ def check_unit_interval(value: Any, name: str, *, closed: bool = False) -> float
     return float(value)
 
 
-def _check_nonnegative(value: Any, name: str) -> float:
+def check_nonnegative(value: Any, name: str) -> float:
+    """``value`` as a float; ``ValueError`` naming ``name`` unless it is a non-negative finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
     return float(value)
 
 
-def _zeros_like(tree: Any) -> Any:
+def zeros_like_tree(tree: Any) -> Any:
+    """A tree of zero arrays shaped like ``tree``'s leaves (a transform's fresh buffers)."""
     return optree.tree_map(lambda a: array_namespace(a).zeros_like(a), tree)
 
 
@@ -208,7 +211,7 @@ def chain(*transforms: Any) -> GradientTransformation:
     return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None)
 
 
-def _unchanged(state: Any, rotate: Callable[[Any, int], Any]) -> Any:
+def keep_state(state: Any, rotate: Callable[[Any, int], Any]) -> Any:
     """The reframe rule of a transform whose state holds nothing in g^hor coordinates."""
     return state
 
@@ -240,13 +243,13 @@ def scale_by_adam(
     """
     b1 = check_unit_interval(beta1, "beta1")
     b2 = check_unit_interval(beta2, "beta2")
-    delta = _check_nonnegative(delta, "delta")
-    eps = _check_nonnegative(eps, "eps")
+    delta = check_nonnegative(delta, "delta")
+    eps = check_nonnegative(eps, "eps")
     if delta == 0 and eps == 0:
         raise ValueError("scale_by_adam needs delta > 0 (inside the root) or eps > 0 (outside): both are 0")
 
     def init(params: Any) -> ScaleByAdamState:
-        zeros = _zeros_like(params)
+        zeros = zeros_like_tree(params)
         return ScaleByAdamState(zero_count(params), zeros, zeros)
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
@@ -266,7 +269,7 @@ def scale_by_adam(
                 return host
             key = (str(g.dtype), str(_backend.device(g)))
             if key not in coefficients:
-                t = _as_float(count, g)
+                t = count_as_float(count, g)
                 coefficients[key] = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))
             return coefficients[key]
 
@@ -300,7 +303,7 @@ def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
     alpha = check_unit_interval(alpha, "alpha", closed=True)
 
     def init(params: Any) -> ScaleByMomentumState:
-        return ScaleByMomentumState(_zeros_like(params))
+        return ScaleByMomentumState(zeros_like_tree(params))
 
     def update(updates: Any, state: ScaleByMomentumState, params: Any = None) -> tuple[Any, ScaleByMomentumState]:
         trace = optree.tree_map(lambda c, g: alpha * c + g, state.trace, updates)
@@ -326,10 +329,10 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
 
         def update(updates: Any, state: ScaleByScheduleState, params: Any = None) -> tuple[Any, Any]:
             count = state.count + 1
-            out = optree.tree_map(lambda u: -schedule(_as_float(count, u)) * u, updates)
+            out = optree.tree_map(lambda u: -schedule(count_as_float(count, u)) * u, updates)
             return out, ScaleByScheduleState(_backend.as_array(count))
 
-        return GradientTransformation(init, update, reframe=_unchanged)
+        return GradientTransformation(init, update, reframe=keep_state)
 
     rate = float(as_schedule(lr)(1))
 
@@ -339,7 +342,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
         return optree.tree_map(lambda u: -rate * u, updates), state
 
-    return GradientTransformation(init_const, update_const, reframe=_unchanged)
+    return GradientTransformation(init_const, update_const, reframe=keep_state)
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:
@@ -351,7 +354,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
     gradient of ½‖Y‖²_F, so the decay is a tangent direction and the retraction keeps the weight on
     its manifold (on Stiefel and Grassmann ‖Y‖_F is constant and the decay vanishes).
     """
-    wd = _check_nonnegative(weight_decay, "weight_decay")
+    wd = check_nonnegative(weight_decay, "weight_decay")
 
     def init(params: Any) -> AddDecayedWeightsState:
         return AddDecayedWeightsState()
@@ -361,7 +364,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
             raise ValueError("add_decayed_weights needs params: call update(updates, state, params)")
         return optree.tree_map(lambda u, p: u + wd * p, updates, params), state
 
-    return GradientTransformation(init, update, uses_params=True, reframe=_unchanged)
+    return GradientTransformation(init, update, uses_params=True, reframe=keep_state)
 
 
 def global_norm(tree: Any) -> Array:
@@ -401,7 +404,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         factor = max_norm / safe
         return optree.tree_map(lambda u: u * xp.astype(factor, u.dtype), updates), state
 
-    return GradientTransformation(init, update, reframe=_unchanged)
+    return GradientTransformation(init, update, reframe=keep_state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,13 +473,13 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
             d = x.shape[-1]
             eye = xp.eye(d, dtype=x.dtype, device=_backend.device(x))
             hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype))
-        zeros = _zeros_like(params)
+        zeros = zeros_like_tree(params)
         return ScaleByBFGSState(zero_count(params), zeros, zeros, treedef.unflatten(hs))
 
     def unit_step(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
         xp = array_namespace(*optree.tree_leaves(B))
         g = _to_vector(B, xp)
-        t = _as_float(count, g)
+        t = count_as_float(count, g)
         s = _to_vector(S_prev, xp)
         y = g - _to_vector(B_prev, xp)
         sy = xp.sum(s * y, axis=-1)
