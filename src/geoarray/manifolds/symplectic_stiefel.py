@@ -79,7 +79,7 @@ from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from ._symplectic import broadcast_shapes, hamiltonian_blocks, j_times, jt_times, rows, stack_rows, symplectic_inverse
-from .base import Manifold, check_batch_shape, check_choice, check_size
+from .base import RETRACTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import SymplecticStiefelHorizontal
 from .retraction import retract_e
 from .sections import SymplecticSection, lam_apply_inv
@@ -87,8 +87,6 @@ from .sections import SymplecticSection, lam_apply_inv
 __all__ = ["SymplecticStiefel"]
 
 from .._typing import Array
-
-_RETRACTIONS = ("cayley", "geodesic")
 
 
 def _global_rep(Y: Array, V: Array, T: Array, core: Array, D: Array, *, xp: Any) -> tuple[Array, ...]:
@@ -302,7 +300,7 @@ class SymplecticStiefel(Manifold):
                 f"completion; no random or transported strategy), got {section!r}"
             )
         self.section = section
-        self.retraction_method = check_choice(retraction_method, "retraction_method", _RETRACTIONS)
+        self.retraction_method = check_choice(retraction_method, "retraction_method", RETRACTIONS)
         self.resymplectify = bool(resymplectify)
         self.validate = bool(validate)
         if isinstance(max_doublings, bool) or not isinstance(max_doublings, int) or max_doublings < 1:
@@ -496,7 +494,7 @@ class SymplecticStiefel(Manifold):
         to rounding (≈ 1e-15·‖g(W)E‖₂² in float64).
         """
         xp = self._check_horizontal(W)
-        method = self.retraction_method if method is None else check_choice(method, "method", _RETRACTIONS)
+        method = self.retraction_method if method is None else check_choice(method, "method", RETRACTIONS)
         kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(*W, xp=xp, method=method, max_doublings=self.max_doublings)
         return stack_rows([top, bottom], xp)
