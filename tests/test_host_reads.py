@@ -67,12 +67,21 @@ def _problem(xp, device, dtype=None, drop=()):
     params = {
         "stiefel": St.random(0, **kw),
         "heads": Stiefel(8, 2).random(1, batch_shape=(4,), **kw),
+        "orthogonal": Stiefel(5, 5).random(6, **kw),  # square: the n×n fast path
         "grassmann": Gr.random(2, **kw),
         "symplectic": Sp.random(3, **kw),
         "w": geoarray.random.normal(4, (5, 3), **kw),
         "b": geoarray.random.normal(5, (3,), **kw),
     }
-    mans = {"stiefel": St, "heads": Stiefel(8, 2), "grassmann": Gr, "symplectic": Sp, "w": None, "b": None}
+    mans = {
+        "stiefel": St,
+        "heads": Stiefel(8, 2),
+        "orthogonal": Stiefel(5, 5),
+        "grassmann": Gr,
+        "symplectic": Sp,
+        "w": None,
+        "b": None,
+    }
     params = {k: v for k, v in params.items() if k not in drop}
     mans = {k: v for k, v in mans.items() if k not in drop}
     targets = optree.tree_map(lambda p: geoarray.random.normal(9, tuple(p.shape), **kw), params)
@@ -99,7 +108,15 @@ def _optimizers():
         "ManifoldMuon": lambda: optim.ManifoldMuon(2e-2),
         "partition": lambda: optim.partition(
             {"muon": optim.Muon(2e-2), "adam": optim.Adam(2e-2)},
-            {"stiefel": "adam", "heads": "adam", "grassmann": "adam", "symplectic": "adam", "w": "muon", "b": "adam"},
+            {
+                "stiefel": "adam",
+                "heads": "adam",
+                "orthogonal": "adam",
+                "grassmann": "adam",
+                "symplectic": "adam",
+                "w": "muon",
+                "b": "adam",
+            },
         ),
     }
 

@@ -255,6 +255,7 @@ def test_a_manifold_joins_manifold_muon_by_registering_its_spectral_step(xp, dev
     assert tuple(state.duals[0].shape) == (3, 2) and float(np.abs(to_numpy(state.duals[0])).max()) == 0.0
     new, state = opt.update({"Y": Y}, {"Y": G}, state)
     assert len(calls) == 1 and calls[0][2] == 0.25
+    assert_close(new["Y"], Y, xp=xp, atol=0.0)  # the registered step's point
     assert_close(calls[0][0], G, xp=xp, atol=0.0)
     assert_close(state.duals[0], xp.ones((3, 2), dtype=Y.dtype, device=device), xp=xp, atol=0.0)
     S = SymplecticStiefel(4, 2)

@@ -545,3 +545,58 @@ def test_point_error_and_nearest_point_of_euclidean_and_symplectic_stiefel(xp, d
     assert not S.has_nearest_point
     with pytest.raises(NotImplementedError, match="no closed-form nearest point"):
         S.nearest_point(Y)
+
+
+@pytest.mark.parametrize("method", ["geodesic", "cayley"])
+def test_square_fast_path_equals_the_2n_kernel_and_does_not_carry_drift(xp, device, method):
+    """O(n) = Stiefel(n, n): the section is Y itself (λE = Y) and g(W)E = exp(A) or Cay(A) from the n×n
+    block alone. In float64 the step equals the general 2n×2n kernel (``retract_e`` with G = 0) applied
+    through the Householder section to 1e-12. An orthogonality error e of Y becomes ≤ 2e² in one step (the
+    Newton–Schulz step, ¾e² to first order) and rounding (1e-13) in the next: drift does not accumulate."""
+    from geoarray.manifolds import SquareSection
+    from geoarray.manifolds.retraction import retract_e
+    from geoarray.manifolds.sections import householder_section
+
+    n = 12
+    M = Stiefel(n, n, retraction_method=method)
+    Y, G, _ = _setup(M, xp, device, batch=(2,))
+    lam = M.global_section(Y)
+    assert isinstance(lam, SquareSection) and max_abs(lam.Y - Y) == 0.0
+    W = M.lift(Y, lam, 0.3 * G)
+    new = M.apply_retraction(lam, W)
+    ref_lam = householder_section(Y)
+    zero = xp.zeros((2, n, n), dtype=Y.dtype, device=device)
+    top, _ = retract_e(W.A / 2, zero, W.B, xp=xp, method=method, max_doublings=64)
+    assert max_abs(new - ref_lam.apply_blocks(top, W.B)) <= 1e-12
+    drifted = Y + 1e-5 * geoarray.random.normal(7, (2, n, n), xp=xp, device=device)
+    errors = [M.point_error(drifted)]
+    for _ in range(2):
+        lam = M.global_section(drifted)
+        drifted = M.apply_retraction(lam, M.lift(drifted, lam, 0.3 * G))
+        errors.append(M.point_error(drifted))
+    assert errors[0] > 1e-5 and errors[1] <= 2 * errors[0] ** 2 and errors[2] <= 1e-13, errors
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_square_retraction_exp_rules_are_accurate_up_to_their_theta(xp, device, dtype_name):
+    """Each Taylor rule of exp (``_EXP_RULES``) used by the square retraction, at ‖A‖₁ = θ for a skew A,
+    and the route beyond the last θ (I + A·φ₁(A), ‖A‖₁ = 3θ), equal SciPy's expm to 8 unit roundoffs
+    relative (float64 2^-53, float32 2^-24), and exp(A) is orthogonal to the same order."""
+    import scipy.linalg
+
+    from geoarray.manifolds.retraction import _EXP_RULES, _phi1_taylor, retract_square
+
+    dtype = getattr(xp, dtype_name)
+    u = 2.0**-53 if dtype_name == "float64" else 2.0**-24
+    G = to_numpy(geoarray.random.normal(4, (10, 10), xp=xp, device=device))
+    S = G - G.T
+    S = S / np.abs(S).sum(axis=0).max()
+    rules = _EXP_RULES[dtype_name]
+    cases = [(r[2], lambda A, r=r: _phi1_taylor(A, xp, r, shift=0)) for r in rules]
+    cases.append((3 * rules[-1][2], lambda A: retract_square(A / 2, xp=xp, method="geodesic", max_doublings=64)))
+    for norm, route in cases:
+        A = norm * S
+        got = to_numpy(route(xp.asarray(A, dtype=dtype, device=device))).astype(np.float64)
+        ref = scipy.linalg.expm(A)
+        assert np.abs(got - ref).max() / np.abs(ref).max() <= 8 * u, (norm, np.abs(got - ref).max())
+        assert np.abs(got.T @ got - np.eye(10)).max() <= 16 * u

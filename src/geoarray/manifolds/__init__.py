@@ -9,7 +9,7 @@ from .base import Manifold
 from .euclidean import Euclidean
 from .grassmann import Grassmann
 from .horizontal import GrassmannHorizontal, HorizontalElement, StiefelHorizontal, SymplecticStiefelHorizontal
-from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SymplecticSection
+from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, SymplecticSection
 from .stiefel import Stiefel
 from .symplectic_stiefel import SymplecticStiefel
 
@@ -22,6 +22,7 @@ __all__ = [
     "HouseholderSection",
     "Manifold",
     "PackedHouseholderSection",
+    "SquareSection",
     "Stiefel",
     "StiefelHorizontal",
     "SymplecticSection",

@@ -19,7 +19,7 @@ from typing import Any
 from .. import _backend, linalg
 from .._backend import device as _device
 
-__all__ = ["phi1", "retract_e", "retraction_kernel", "x_matrix"]
+__all__ = ["phi1", "retract_e", "retract_square", "retraction_kernel", "x_matrix"]
 
 from .._typing import Array
 
@@ -48,10 +48,19 @@ def _phi1_rules(X: Array, xp: Any) -> tuple:
     return _PHI1_RULES["float64" if X.dtype == xp.float64 else "float32"]
 
 
-def _coefficient_matrix(degree: int, chunk: int) -> list:
-    """The Taylor coefficients 1/(k+1)! of φ₁ in chunks of ``chunk`` (zero-padded)."""
+# exp's Taylor polynomial Σ_{k≤m} X^k/k! for the square retraction (N = n, where g(W)E = exp(A)): the
+# (degree, chunk) of φ₁'s rules with θ = 0.8·(u·(m+1)!)^{1/(m+1)}, so that the leading truncation term
+# θ^{m+1}/(m+1)! is below unit roundoff u. The same products as φ₁'s rule, without I + A·φ₁(A)'s last one.
+_EXP_RULES = {
+    name: tuple((m, c, 0.8 * (u * math.factorial(m + 1)) ** (1.0 / (m + 1))) for m, c, _ in rules)
+    for name, u, rules in (("float64", 2.0**-53, _PHI1_RULES["float64"]), ("float32", 2.0**-24, _PHI1_RULES["float32"]))
+}
+
+
+def _coefficient_matrix(degree: int, chunk: int, shift: int = 1) -> list:
+    """The Taylor coefficients 1/(k+shift)! (φ₁: shift 1, exp: 0) in chunks of ``chunk`` (zero-padded)."""
     n_chunks = -(-(degree + 1) // chunk)
-    coeffs = [1.0 / math.factorial(k + 1) if k <= degree else 0.0 for k in range(n_chunks * chunk)]
+    coeffs = [1.0 / math.factorial(k + shift) if k <= degree else 0.0 for k in range(n_chunks * chunk)]
     return [coeffs[j * chunk : (j + 1) * chunk] for j in range(n_chunks)]
 
 
@@ -59,7 +68,7 @@ def _norm1(X: Array, xp: Any) -> Array:
     return _backend.norm1(X, xp)
 
 
-def _phi1_taylor(X: Array, xp: Any, rule: tuple) -> Array:
+def _phi1_taylor(X: Array, xp: Any, rule: tuple, shift: int = 1) -> Array:
     """Σ_{k≤m} X^k/(k+1)! for ``rule`` = (m, c, θ) by Paterson–Stockmeyer: chunks qⱼ = Σᵢ c_{cj+i} Xⁱ of
     degree < c, and p = q₀ + Xᶜ(q₁ + Xᶜ(q₂ + …)) (m = 19 in float64: chunks of 5, 4 + 3 products).
 
@@ -68,7 +77,7 @@ def _phi1_taylor(X: Array, xp: Any, rule: tuple) -> Array:
     unbatched m×m matrix, which broadcasts (a batched identity cost NumPy a broadcast and a copy).
     """
     degree, chunk, _ = rule
-    matrix = _coefficient_matrix(degree, chunk)
+    matrix = _coefficient_matrix(degree, chunk, shift)  # shift 0: exp's polynomial Σ X^k/k! instead
     eye = linalg.eye(X.shape[-1], X)
     powers = [X]
     for _ in range(2, chunk + 1):
@@ -212,3 +221,27 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     D = _backend.addmm(U[..., :, :k], U[..., :, k:], halfA / alpha, xp)
     D_top = D[..., :k, :]
     return _backend.addmm(eye + alpha * D[..., k:, :], halfA, D_top, xp), _backend.matmul(B, D_top, xp)
+
+
+def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
+    """g(W)E when the horizontal part is empty (N = n, the orthogonal group: W = A): exp(A) = I + A·φ₁(A)
+    (geodesic) or Cay(A) = (I − ½A)⁻¹(I + ½A). These are the matrices :func:`retract_e` gives with
+    G = 0, from an n×n instead of a 2n×2n kernel; A is skew, so no balancing is needed. exp(A) is
+    exp's Taylor polynomial where ‖A‖₁ is within a rule's θ (``_EXP_RULES``), else I + A·φ₁(A)."""
+    eye = linalg.eye(halfA.shape[-1], halfA)
+    if method != "geodesic":
+        return xp.linalg.solve(eye - halfA, eye + halfA)
+    A = halfA + halfA
+    bound = _norm1(A, xp)
+
+    def general(Z: Array) -> Array:
+        return Z @ _phi1_bounded(Z, bound, xp, max_doublings) + eye
+
+    if not _backend.is_jax(xp) and not _backend.is_traced(bound) and not _backend.host_reads_allowed(bound):
+        return general(A)  # fixed work without host reads (see _phi1_bounded)
+    # the cheapest exp Taylor rule covering the largest bound (one product fewer than I + A·φ₁(A)); beyond
+    # the last rule's θ, I + A·φ₁(A) by scaling and doubling
+    rules = _EXP_RULES["float64" if A.dtype == xp.float64 else "float32"]
+    largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
+    branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule, shift=0) for rule in rules]
+    return _backend.select(largest, tuple(rule[2] for rule in rules), [*branches, general], A, xp)

@@ -27,6 +27,10 @@ Strategies (the manifold's ``section`` keyword chooses):
     optimizer cache refer to a frame that moves with the weights. Dense N×N memory and an
     O(N²·n) update per step.
 
+Square weights (N = n, the orthogonal group O(n)) have one section, λ = Y (E = I): every strategy
+but ``"transported"`` gives :class:`SquareSection`, applied through one Newton–Schulz polar step of Y
+instead of a QR, and the retraction exponentiates (or solves with) the n×n block A alone.
+
 The retracted point Λ·retraction(W) does not depend on the section (Λ exp(Λ⁻¹ΩΛ) E = exp(Ω) Y); the
 g^hor coordinates of a cache do, which is why the strategy is a visible choice.
 """
@@ -44,6 +48,7 @@ __all__ = [
     "DenseSection",
     "HouseholderSection",
     "PackedHouseholderSection",
+    "SquareSection",
     "SymplecticSection",
     "householder_section",
 ]
@@ -237,6 +242,55 @@ class DenseSection(NamedTuple):
     def to_dense(self) -> Array:
         """Λ = [Y, Q⊥] as an (..., N, N) array."""
         return array_namespace(self.Y).concat([self.Y, self.Qperp], axis=-1)
+
+
+class SquareSection(NamedTuple):
+    """λ(Y) for N = n (the orthogonal group O(n)): E = I, so λE = λ and the section is Y itself.
+
+    It is applied through Q = Y(3I − YᵀY)/2, one Newton–Schulz step of the polar iteration from Y,
+    whose orthonormality error is O(‖YᵀY − I‖²): as with :class:`HouseholderSection`'s Q, an
+    orthogonality error of Y (float32 drift) is not carried over to the retracted point, and λE = Q
+    equals Y up to Y's own orthogonality error. Two n×n products instead of a QR; there is no Q⊥
+    (the horizontal part B of g^hor has no rows).
+    """
+
+    Y: Array
+    Q: Array
+
+    @classmethod
+    def of(cls, Y: Array) -> SquareSection:
+        xp = array_namespace(Y)
+        # Y(3I − YᵀY)/2 = 1.5·Y − 0.5·Y(YᵀY), the subtraction inside the GEMM where the backend has one
+        return cls(Y, _backend.addmm(1.5 * Y, Y, xp.matrix_transpose(Y) @ Y, xp, alpha=-0.5))
+
+    def _empty_rows(self, D: Array) -> Array:
+        xp = array_namespace(D=D, Q=self.Q)
+        return xp.zeros((*D.shape[:-2], 0, D.shape[-1]), dtype=D.dtype, device=_device(D))
+
+    def coords(self, D: Array) -> Array:
+        """λᵀD = QᵀD for D (..., n, k)."""
+        return array_namespace(self.Q).matrix_transpose(self.Q) @ D
+
+    def coords_blocks(self, D: Array) -> tuple[Array, Array]:
+        """(QᵀD, an empty Q⊥ᵀD of 0 rows)."""
+        return self.coords(D), self._empty_rows(D)
+
+    def apply(self, X: Array) -> Array:
+        """λX = QX for X (..., n, k)."""
+        return self.Q @ X
+
+    def apply_blocks(self, top: Array, bottom: Array) -> Array:
+        """λ[top; bottom] = Q·top (``bottom`` has no rows)."""
+        return self.Q @ top
+
+    def perp_t(self, D: Array) -> Array:
+        """Q⊥ᵀD: no rows."""
+        return self._empty_rows(D)
+
+    def perp(self, X: Array) -> Array:
+        """Q⊥X for X (..., 0, k): zeros of n rows."""
+        xp = array_namespace(X=X, Q=self.Q)
+        return xp.zeros((*X.shape[:-2], self.Q.shape[-2], X.shape[-1]), dtype=X.dtype, device=_device(X))
 
 
 class SymplecticSection(NamedTuple):

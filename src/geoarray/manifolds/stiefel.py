@@ -35,8 +35,8 @@ from .._backend import as_namespace
 from .._backend import device as _device
 from .base import RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
-from .retraction import retract_e, retraction_kernel
-from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, householder_section
+from .retraction import retract_e, retract_square, retraction_kernel
+from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, householder_section
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
@@ -50,6 +50,8 @@ def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: i
 
 def _retract_blocks(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
     """The E-rows and the other rows of g(W)E, unassembled (for :meth:`OrthonormalFrames.apply_retraction`)."""
+    if B.shape[-2] == 0:  # N = n: no other rows, g(W)E = g(A) is n×n (no 2n×2n kernel)
+        return retract_square(halfA, xp=xp, method=method, max_doublings=max_doublings), B
     return retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
 
 
@@ -174,7 +176,7 @@ class OrthonormalFrames(Manifold):
 
     def global_section(
         self, Y: Array, *, strategy: str | None = None, seed: Any = None
-    ) -> HouseholderSection | DenseSection:
+    ) -> HouseholderSection | DenseSection | SquareSection:
         """λ(Y) = [Y, Q⊥] by ``strategy`` (default: the manifold's ``section``; see
         :mod:`~geoarray.manifolds.sections`).
 
@@ -185,9 +187,11 @@ class OrthonormalFrames(Manifold):
         xp = self._check_point(Y)
         self._check_full_precision(Y)
         strategy = self._strategy(strategy)
+        if strategy == "random" and seed is None:
+            raise TypeError(f"{self!r} with section='random' needs a seed for global_section (Algorithm 2)")
+        if self.N == self.n and strategy != "transported":
+            return SquareSection.of(Y)  # the only section of O(n) (the transported one is carried densely)
         if strategy == "random":
-            if seed is None:
-                raise TypeError(f"{self!r} with section='random' needs a seed for global_section (Algorithm 2)")
             A = _random.normal(seed, (*Y.shape[:-2], self.N, self.N - self.n), xp=xp, dtype=Y.dtype, device=_device(Y))
             A = A - Y @ (xp.matrix_transpose(Y) @ A)
             Qperp, _ = xp.linalg.qr(A)
@@ -241,7 +245,7 @@ class OrthonormalFrames(Manifold):
     def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
         """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
         with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step."""
-        if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection)):
+        if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
