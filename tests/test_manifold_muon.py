@@ -228,21 +228,22 @@ class _FramesWithDual(Grassmann):
     """A Grassmann manifold to which a test gives its own manifold-Muon step and dual (the extension point)."""
 
 
-def test_a_manifold_joins_manifold_muon_by_registering_its_spectral_step(xp, device):
-    """``spectral_step.register`` and ``dual_shape.register`` are how a manifold joins ManifoldMuon: the
+def test_a_manifold_joins_manifold_muon_by_registering_its_step(xp, device):
+    """``register_manifold_muon`` is how a manifold joins ManifoldMuon: the
     optimizer then accepts its leaves, keeps a zero dual of the registered shape, and calls the registered
     step with the momentum buffer (momentum 0: the gradient), the rate and the dual; a manifold without a
     registered step (symplectic Stiefel) is refused with the pointer to ``partition``."""
-    from geoarray.optim.muon import dual_shape, spectral_step, supports_manifold_muon
+    from geoarray.optim.muon import register_manifold_muon, supports_manifold_muon
 
     calls = []
 
-    @spectral_step.register
-    def _(manifold: _FramesWithDual, Y, G, P, *, lr, n_iter, retraction, return_direction):
+    def step(manifold, Y, G, P, *, lr, n_iter, retraction, return_direction):
         calls.append((G, P, lr))
         return Y, None, P + 1.0
 
-    dual_shape.register(_FramesWithDual, lambda m: (2,))
+    register_manifold_muon(_FramesWithDual, step, dual_shape=lambda m: (2,))
+    with pytest.raises(TypeError, match="manifold class"):
+        register_manifold_muon(_FramesWithDual(5, 2), step)
     M = _FramesWithDual(5, 2)
     assert (
         supports_manifold_muon(M) and supports_manifold_muon(Stiefel(5, 2)) and supports_manifold_muon(Grassmann(5, 2))

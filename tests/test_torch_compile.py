@@ -43,6 +43,11 @@ OPTIMIZERS = {
     "Adam": lambda gt, ps: gt.Adam(ps, lr=1e-2, weight_decay=1e-3),
     "PaperAdam": lambda gt, ps: gt.PaperAdam(ps, lr=1e-2),
     "SGD": lambda gt, ps: gt.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+    "AdamW": lambda gt, ps: gt.AdamW(ps, lr=1e-2),
+    "Gradient": lambda gt, ps: gt.Gradient(ps, lr=1e-2),
+    "Momentum": lambda gt, ps: gt.Momentum(ps, lr=1e-2),
+    "AdamWithDecay": lambda gt, ps: gt.AdamWithDecay(ps, n_steps=10),
+    "ManifoldMuon": lambda gt, ps: gt.ManifoldMuon([ps[0]], lr=1e-2),
 }
 
 

@@ -85,8 +85,8 @@ class Manifold(abc.ABC):
       :meth:`apply_retraction`; with ``section="transported"`` :meth:`transport_section`, with
       ``section="rotated"`` :meth:`reframe` (only manifolds listing ``"rotated"`` in
       :attr:`section_strategies` implement it);
-    * ManifoldMuon: the step registered for the manifold's type with
-      ``geoarray.optim.muon.spectral_step`` (Stiefel and Grassmann: their ``spectral_direction``, and
+    * ManifoldMuon: the step registered for the manifold's class with
+      ``geoarray.optim.muon.register_manifold_muon`` (Stiefel and Grassmann: their ``spectral_direction``, and
       :meth:`global_section`, :meth:`global_rep` and :meth:`apply_retraction` for its g^hor retractions).
 
     The torch adapter also calls :meth:`point_error` (in its error messages) and, where

@@ -202,7 +202,7 @@ class ManifoldMuon:
             if not finite:
                 skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
                 warn_skipped(state, skipped)
-                return optree.tree_unflatten(layout.treedef, list(leaves)), skipped
+                return optree.tree_unflatten(optree.tree_structure(params), list(leaves)), skipped
             finite = None
         if finite is not None:  # zeros instead of NaN through Newton–Schulz and the retraction
             zero = lambda G: xp.zeros((), dtype=G.dtype, device=_backend.device(G))  # noqa: E731
@@ -241,7 +241,9 @@ class ManifoldMuon:
             step = keep(step, state.step)
             skipped = _backend.as_array(skipped + xp.astype(xp.logical_not(finite), skipped.dtype))
         new_state = ManifoldMuonState(step, skipped, tuple(buffers), tuple(duals), muon_state, layout)
-        return optree.tree_unflatten(layout.treedef, new_leaves), new_state
+        # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
+        # inside the traced call can rebuild the tree, one carried by the state cannot
+        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
 
 class Muon(ManifoldMuon):

@@ -23,8 +23,8 @@ J. Bernstein, "Modular Manifolds" (Thinking Machines Lab, 2025) for the manifold
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import optree
@@ -47,8 +47,8 @@ __all__ = [
     "manifold_muon_step",
     "muon",
     "orthogonalize_by_newton_schulz",
+    "register_manifold_muon",
     "scale_by_muon",
-    "spectral_step",
     "supports_manifold_muon",
 ]
 
@@ -339,48 +339,52 @@ def manifold_muon_step(
         raise ValueError(f"lr must be non-negative, got {lr!r}")
     if retraction not in MANIFOLD_MUON_RETRACTIONS:
         raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
-    step = spectral_step.dispatch(type(manifold))
-    if step is _no_spectral_step:
+    step = _registered(_SPECTRAL_STEPS, manifold)
+    if step is None:
         raise TypeError(f"manifold must be a Stiefel or Grassmann manifold, got {type(manifold).__name__}")
     return step(manifold, Y, G, P, lr=lr, n_iter=n_iter, retraction=retraction, return_direction=return_direction)
 
 
-@functools.singledispatch
-def spectral_step(
-    manifold: Any, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
-    return_direction: bool,
-) -> tuple[Array, Array | None, Array | None]:  # fmt: skip
-    """The manifold-specific part of :func:`manifold_muon_step`, dispatched on the manifold's type.
-
-    Registered for :class:`~geoarray.manifolds.Stiefel` and :class:`~geoarray.manifolds.Grassmann`;
-    ``spectral_step.register(MyManifold)`` adds a manifold to :class:`~geoarray.optim.ManifoldMuon`
-    (with :func:`dual_shape` if its direction has a warm-started dual variable)."""
-    return _no_spectral_step(manifold)
+# the manifold-specific steps of manifold Muon and the shapes of their duals, by manifold class. A plain
+# registry looked up along the MRO (not functools.singledispatch, whose dispatch torch.compile cannot trace)
+_SPECTRAL_STEPS: dict[type, Callable[..., tuple]] = {}
+_DUAL_SHAPES: dict[type, Callable[[Any], tuple[int, ...]]] = {}
 
 
-def _no_spectral_step(manifold: Any, *args: Any, **kwargs: Any) -> Any:
-    raise TypeError(f"manifold muon has no step for {type(manifold).__name__}")
+def _registered(registry: dict, manifold: Any) -> Any:
+    for cls in type(manifold).__mro__:
+        if cls in registry:
+            return registry[cls]
+    return None
 
 
-spectral_step.register(object, _no_spectral_step)
+def register_manifold_muon(
+    cls: type, spectral_step: Callable[..., tuple], dual_shape: Callable[[Any], tuple[int, ...]] | None = None
+) -> None:
+    """Make :class:`~geoarray.optim.ManifoldMuon` update points of manifold class ``cls`` (and its subclasses).
+
+    ``spectral_step(manifold, Y, G, P, *, lr, n_iter, retraction, return_direction) -> (Y_new, A*, P_new)``
+    is the manifold-specific part of :func:`manifold_muon_step` (Stiefel and Grassmann are registered);
+    ``dual_shape(manifold)`` the trailing shape of the dual variable that warm-starts its direction, kept
+    in the optimizer state per group (None: no dual; ``P`` is then None)."""
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a manifold class, got {cls!r}")
+    _SPECTRAL_STEPS[cls] = spectral_step
+    if dual_shape is not None:
+        _DUAL_SHAPES[cls] = dual_shape
 
 
 def supports_manifold_muon(manifold: Any) -> bool:
     """Whether :class:`~geoarray.optim.ManifoldMuon` can update points of ``manifold``: a vector space
-    (Muon on matrices) or a manifold with a registered :func:`spectral_step`."""
-    return manifold.is_vector_space or spectral_step.dispatch(type(manifold)) is not _no_spectral_step
+    (Muon on matrices) or a manifold with a registered step (:func:`register_manifold_muon`)."""
+    return manifold.is_vector_space or _registered(_SPECTRAL_STEPS, manifold) is not None
 
 
-@functools.singledispatch
 def dual_shape(manifold: Any) -> tuple[int, ...] | None:
-    """The trailing shape of the dual variable that warm-starts the spectral direction (the state
+    """The trailing shape of the dual variable of ``manifold``'s manifold-Muon direction (the state
     :class:`~geoarray.optim.ManifoldMuon` keeps per group); None where there is none."""
-    return None
-
-
-@dual_shape.register
-def _(manifold: Stiefel) -> tuple[int, int]:
-    return (manifold.n, manifold.n)
+    shape = _registered(_DUAL_SHAPES, manifold)
+    return None if shape is None else tuple(shape(manifold))
 
 
 def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: float, retraction: str) -> tuple:
@@ -393,9 +397,8 @@ def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: float, retraction
     return Y_new, A, P_new
 
 
-@spectral_step.register
-def _(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
-      return_direction: bool) -> tuple:  # fmt: skip
+def _stiefel_step(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int,
+                  retraction: str, return_direction: bool) -> tuple:  # fmt: skip
     if retraction == "polar":
         from ..manifolds.spectral import stiefel_spectral_step
 
@@ -407,7 +410,10 @@ def _(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: float, n_it
     return _finish(manifold, Y, A, P_new, lr, retraction)
 
 
-@spectral_step.register
-def _(manifold: Grassmann, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int, retraction: str,
-      return_direction: bool) -> tuple:  # fmt: skip
+def _grassmann_step(manifold: Grassmann, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int,
+                    retraction: str, return_direction: bool) -> tuple:  # fmt: skip
     return _finish(manifold, Y, manifold.spectral_direction(Y, G), P, lr, retraction)
+
+
+register_manifold_muon(Stiefel, _stiefel_step, dual_shape=lambda m: (m.n, m.n))
+register_manifold_muon(Grassmann, _grassmann_step)
