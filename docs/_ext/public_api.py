@@ -188,6 +188,11 @@ def resolve(target: str, module: str | None = None, cls: str | None = None) -> o
     """The object a Python cross-reference names, looked up as Sphinx does (absolute, then relative to
     the current class and module, then to each parent package); ``_MISSING`` if nothing has that name,
     ``_UNCHECKED`` if the name leads into a module whose optional dependency is not installed."""
+    return resolve_named(target, module, cls)[0]
+
+
+def resolve_named(target: str, module: str | None = None, cls: str | None = None) -> tuple[object, str]:
+    """:func:`resolve`, with the full dotted name under which the object was found."""
     contexts = [""]
     if module:
         parts = module.split(".")
@@ -207,9 +212,18 @@ def resolve(target: str, module: str | None = None, cls: str | None = None) -> o
             except AttributeError:
                 break
             except ImportError:  # a lazy submodule whose framework is not installed here: not checkable
-                return _UNCHECKED
-            return obj
-    return _MISSING
+                return _UNCHECKED, prefix + target
+            return obj, prefix + target
+    return _MISSING, target
+
+
+def enclosing_page(name: str, modules: list[str]) -> str | None:
+    """The public module whose API page covers the dotted ``name`` (the longest public prefix), or None
+    for a private name (a component starting with ``_``) or one outside the public modules."""
+    if any(part.startswith("_") for part in name.split(".")):
+        return None
+    homes = [m for m in modules if name == m or name.startswith(m + ".")]
+    return max(homes, key=len) if homes else None
 
 
 _PUBLIC_NAMES: dict[int, str] = {}
@@ -342,7 +356,11 @@ def write_pages(outdir: Path) -> list[str]:
 
 
 def setup(app):  # the Sphinx extension
+    import functools
+
     from sphinx.util import logging
+
+    _modules = functools.cache(lambda: public_modules({}))
 
     logger = logging.getLogger(__name__)
 
@@ -358,12 +376,42 @@ def setup(app):  # the Sphinx extension
         # describe it where users import it (geoarray.gauge.redundancy): link there
         if node.get("refdomain") != "py":
             return None
-        obj = resolve(node.get("reftarget", ""), node.get("py:module"), node.get("py:class"))
-        canonical = _public_name(obj) if obj is not _MISSING and obj is not _UNCHECKED else None
-        if canonical is None or canonical == node.get("reftarget"):
+        if node.get("reftarget") in ("'Array'", "TypeAliasForwardRef"):
+            # the Array alias as Sphinx writes it inside a subscripted annotation (tuple[Array, Array]
+            # under ``from __future__ import annotations``): the same name, described on api/index
+            domain = env.get_domain("py")
+            return domain.resolve_xref(env, node["refdoc"], app.builder, "class", "Array", node, contnode)
+        target, module, cls = node.get("reftarget", ""), node.get("py:module"), node.get("py:class")
+        obj, name = resolve_named(target, module, cls)
+        if obj is _MISSING and module and cls:
+            # a docstring is written where its class is defined (geoarray.manifolds.sections) and rendered
+            # where it is exported (geoarray.manifolds): resolve it in the defining module too
+            owner = resolve(cls, module)
+            if owner is not _MISSING and owner is not _UNCHECKED and hasattr(owner, "__module__"):
+                obj, name = resolve_named(target, owner.__module__, owner.__qualname__)
+        if obj is _MISSING and "." not in target:
+            # a function's docstring names a class of the package by its short name (TransformerLM in
+            # geoarray.gauge.counting.redundancy): link it when exactly one public name is spelled so
+            _public_name(None)  # fills the table
+            matches = {full for full in _PUBLIC_NAMES.values() if full.rsplit(".", 1)[-1] == target}
+            if len(matches) == 1:
+                obj, name = resolve_named(matches.pop())
+        if obj is _MISSING or obj is _UNCHECKED:
             return None
-        domain = env.get_domain("py")
-        return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode)
+        canonical = _public_name(obj)
+        if canonical is not None and canonical != node.get("reftarget"):
+            domain = env.get_domain("py")
+            found = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode)
+            if found is not None:
+                return found
+        # an implementation module or object with no public name of its own (geoarray.manifolds.sections,
+        # geoarray.gauge.counting, ...): link to the API page of the public module that contains it
+        page = enclosing_page(name, _modules())
+        if page is None:
+            return None  # private names: conf.py's nitpick_ignore_regex says why they are not linked
+        from sphinx.util.nodes import make_refnode
+
+        return make_refnode(app.builder, node["refdoc"], f"api/{page}", None, contnode, name)
 
     def drop_field_alias(app, what, name, obj, options, lines) -> None:
         # a NamedTuple field's generated doc says nothing its name and type do not

@@ -23,7 +23,7 @@ from _paths import load_example
 
 vit_digits = load_example("vit_digits")
 out = Path(tempfile.mkdtemp()) / "vit.json"
-vit_digits.main(
+table = vit_digits.main(
     ["--seeds", "2", "--epochs", "10", "--layers", "8", "--variants", "adam", "adam-free", "--json", str(out)]
 )
 

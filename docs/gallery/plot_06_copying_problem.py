@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 from _paths import load_example
 
 plot = Path(tempfile.mkdtemp()) / "copying.png"
-load_example("copying_problem").main(
+table = load_example("copying_problem").main(
     [
         "--length",
         "10",

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 from _paths import load_example
 
 figure = Path(tempfile.mkdtemp()) / "oscillator.png"
-load_example("oscillator_stability").main(
+table = load_example("oscillator_stability").main(
     ["--seeds", "1", "--epochs", "300", "--rollout", "200", "--figure", str(figure)]
 )
 
