@@ -84,9 +84,20 @@ def test_readme_commands_exist():
             assert (ROOT / script).is_file(), f"{path.name} names {script}, which does not exist"
 
 
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub (and MyST's heading_anchors) give a Markdown file: lower case, spaces to
+    hyphens, punctuation dropped."""
+    headings = re.findall(r"^#{1,6} +(.+)$", path.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def test_readme_links_resolve():
-    """Every relative link of the README names a file of the repository."""
+    """Every relative link of the README names a file of the repository, and a #section of a Markdown
+    file names one of its headings (the Results list points into the docs pages)."""
     text = README.read_text(encoding="utf-8")
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-        if "://" not in target:
-            assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+    for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+        if anchor and target.endswith(".md"):
+            assert anchor in _anchors(ROOT / target), f"README links to {target}#{anchor}: no such heading"
