@@ -21,7 +21,7 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
   would leave the model's parts at different steps);
 * FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
-* the README's FSDP2 example runs on 2 ranks and prints what it claims.
+* the FSDP2 example of docs/frameworks.md (moved from the README) runs on 2 ranks and prints what it claims.
 """
 
 from __future__ import annotations
