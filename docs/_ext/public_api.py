@@ -419,7 +419,46 @@ def setup(app):  # the Sphinx extension
         if len(text) == 1 and text[0].startswith("Alias for field number"):
             lines.clear()
 
+    def tidy_alias(app, doctree) -> None:
+        # inside a subscripted annotation (tuple[Array, Array]) Sphinx 9 writes the Array alias as
+        # TypeAliasForwardRef('Array'): the wrapper's name, "(", the quoted name, ")" as sibling nodes
+        # (plain text in signatures, emphasis in parameter lists). Put the plain name back, linked to
+        # its description.
+        from docutils import nodes
+        from sphinx.addnodes import pending_xref
+
+        def strip_first(node: nodes.Node) -> None:  # drop the node's first character ("(" or ")")
+            text = node.astext()[1:]
+            if not text:
+                node.parent.remove(node)
+            elif isinstance(node, nodes.Text):
+                node.parent.replace(node, nodes.Text(text))
+            else:
+                node.children = [nodes.Text(text)]
+
+        for ref in list(doctree.findall(pending_xref)):
+            if ref.get("reftarget") != "TypeAliasForwardRef" or ref.parent is None:
+                continue
+            siblings = ref.parent.children
+            i = siblings.index(ref)
+            after = siblings[i + 1 : i + 4]
+            if not (
+                len(after) == 3
+                and after[0].astext().startswith("(")
+                and isinstance(after[1], pending_xref)
+                and after[1].get("reftarget") == "'Array'"
+                and after[2].astext().startswith(")")
+            ):
+                continue
+            ref.parent.remove(after[1])
+            strip_first(after[0])
+            strip_first(after[2])
+            ref["reftarget"] = "Array"
+            for text in list(ref.findall(nodes.Text)):
+                text.parent.replace(text, nodes.Text("Array"))
+
     app.connect("builder-inited", generate)
+    app.connect("doctree-read", tidy_alias)
     app.connect("missing-reference", link_to_public_name)
     app.connect("autodoc-process-docstring", drop_field_alias)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
