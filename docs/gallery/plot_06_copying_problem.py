@@ -50,3 +50,9 @@ fig, ax = plt.subplots(figsize=(8, 4))
 ax.imshow(plt.imread(plot))
 ax.set_axis_off()
 fig.tight_layout()
+
+# %%
+# At L = 10 the task is short enough for the unconstrained RNN to learn too, and in these two seeds it
+# is ahead: a small run shows the script working, not the result. The comparison that matters is at
+# long L, the table of :doc:`/results` at L = 300 (8 seeds: the orthogonal RNN below the memoryless
+# baseline in 6 of 8 seeds, the unconstrained one in none).
