@@ -110,10 +110,13 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["docs"])
 def docs(session: nox.Session) -> None:
     """The documentation site in docs/_build/html (-W: a warning, a broken docstring or an undocumented
-    public name fails the build). Imports geoarray.torch and geoarray.jax, so it installs both."""
+    public name fails the build). Imports geoarray.torch and geoarray.jax, so it installs both. The gallery
+    (docs/gallery/plot_*.py) runs at build time and is cached in docs/auto_examples (a script reruns only
+    when it changes); ``GEOARRAY_DOCS_GALLERY=0 nox -s docs`` builds without running it (the fast mode)."""
     session.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
     session.install("jax[cpu]>=0.4.30", "optax>=0.2")
     session.install(".[docs]")
+    session.env.setdefault("MPLBACKEND", "agg")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", *session.posargs)
 
 

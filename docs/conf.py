@@ -8,6 +8,7 @@ Formulas are typeset by MathJax 3 served from ``_static/mathjax`` — a copy of 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent / "src"))  # the source tree, also when geoarray is not installed
+sys.path.insert(0, str(HERE / "gallery"))  # the gallery scripts import their helper _paths
 
 import geoarray  # noqa: E402
 
@@ -30,6 +32,7 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
     "public_api",  # docs/_ext: one page per public module; fails the build on an undocumented public name
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -45,8 +48,40 @@ autodoc_preserve_defaults = True
 autodoc_type_aliases = {"Array": "Array"}
 autosummary_generate = False  # the API pages are written by public_api, not by autosummary
 autodoc_mock_imports: list[str] = []
-# the docstrings cross-reference each other with :class:/:func:; an unresolvable one is a warning
-nitpicky = False
+# Every cross-reference must resolve (warnings are errors). References to geoarray's own objects resolve to
+# their API pages (public_api links an implementation module or object to the page of the public module
+# that contains it; `Array` to its description on api/index). What cannot resolve is ignored here, by
+# group and with the reason:
+nitpicky = True
+nitpick_ignore_regex = [
+    # The standard library, NumPy, PyTorch and JAX have no inventory here: intersphinx downloads objects.inv
+    # at build time, and the machines that build these docs have no network. Their types stay plain text.
+    ("py:.*", r"(collections\.abc|abc|os|argparse|typing|types|pathlib|numbers|enum)\..*"),
+    ("py:.*", r"(numpy|torch|jax|jaxlib|optax|flax|equinox|array_api_strict|cupy)(\..*)?"),
+    # Private helpers and base classes (a component starting with "_"), shown by show-inheritance or named
+    # by a docstring: not part of the API pages by design; the public class documents the inherited members.
+    ("py:.*", r"(.*\.)?_\w+(\..*)?"),
+    # GaugeFixedLM.fixed is an instance attribute assigned in __init__: autodoc makes no target for it
+    ("py:attr", r"fixed"),
+]
+
+# The gallery: docs/gallery/plot_*.py run at small sizes during the build (their output is cached in
+# docs/auto_examples and rerun only when a script changes); GEOARRAY_DOCS_GALLERY=0 is the fast mode that
+# writes the pages without running them.
+os.environ.setdefault("MPLBACKEND", "agg")
+sphinx_gallery_conf = {
+    "examples_dirs": "gallery",
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"/plot_",
+    "within_subsection_order": "FileNameSortKey",  # plot_01_... the papers' order, then the framework scripts
+    "ignore_pattern": r"_paths\.py$",  # a helper of the scripts, not an example
+    "plot_gallery": os.environ.get("GEOARRAY_DOCS_GALLERY", "1") != "0",
+    "abort_on_example_error": True,
+    "download_all_examples": False,
+    "min_reported_time": 1,
+    "image_scrapers": ("matplotlib",),
+    "reset_modules": ("matplotlib",),
+}
 
 html_theme = "furo"
 html_title = f"geoarray {release}"

@@ -2,11 +2,13 @@
 
     python docs/screenshots.py [--html docs/_build/html] [--out docs/_build/screenshots]
 
-For each page it saves a PNG and loads the page once more with ``--dump-dom`` to count the formulas
+For each page (the home page, an API page with formulas, the gallery and two of its pages) it saves a
+PNG and loads the page once more with ``--dump-dom`` to count the formulas
 MathJax rendered (``<mjx-container>`` elements, what MathJax 3 puts in place of the TeX source). A page
 whose source holds math but whose rendered DOM holds no ``mjx-container`` fails the run: the formulas
 did not typeset (MathJax missing from ``_static``, or blocked). Everything is read from ``file://``
-URLs; Chromium runs with networking off, so a page that needs the network shows it here.
+URLs; Chromium runs with networking off, so a page that needs the network shows it here. A gallery page
+whose ``<img>`` names a file the build did not write, or that has no image, fails too.
 
 Needs a Chromium binary: Debian's ``chromium-headless-shell`` or ``chromium`` package (``--chromium``
 names another). Not part of CI.
@@ -21,7 +23,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-PAGES = ["index.html", "concepts.html", "api/geoarray.manifolds.html", "getting_started.html"]
+PAGES = [
+    "index.html",
+    "concepts.html",
+    "api/geoarray.manifolds.html",
+    "getting_started.html",
+    "auto_examples/index.html",
+    "auto_examples/plot_01_vit_digits.html",
+    "auto_examples/plot_03_coupled_oscillator.html",
+]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=15000"]
 OFFLINE = ["--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>", "--disable-background-networking"]
 
@@ -59,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         source = path.read_text(encoding="utf-8")
         tex = len(re.findall(r'class="math[ "]', source)) + source.count(r"\(")
         typeset = dom.count("<mjx-container")
-        ok = typeset > 0 or tex == 0
+        # figures: every <img> of a gallery page must name a file that the build wrote
+        images = re.findall(r'<img[^>]*src="([^"]+)"', source) if "auto_examples" in page else []
+        absent = [src for src in images if not (path.parent / src).is_file()]
+        ok = (typeset > 0 or tex == 0) and not absent and (images or "auto_examples" not in page)
         failed |= not ok
-        print(f"{page}: {png} ({png.stat().st_size // 1024} KiB), math in source {tex}, typeset by MathJax {typeset}")
+        print(
+            f"{page}: {png} ({png.stat().st_size // 1024} KiB), math in source {tex}, typeset by MathJax {typeset}"
+            + (f", images {len(images)} ({len(absent)} missing)" if "auto_examples" in page else "")
+        )
     return 1 if failed else 0
 
 

@@ -58,3 +58,26 @@ def test_readme_extras_exist():
     assert "optax" in " ".join(_pyproject()["project"]["optional-dependencies"]["jax"]), (
         "README's JAX code imports optax"
     )
+
+
+RELEASE_URLS = {"Homepage", "Documentation", "Source", "Changelog"}
+
+
+def _missing_urls(version: str, project: dict) -> list[str]:
+    """The project URLs a release lacks; none are required of a development version (``.devN``), which may
+    not have a public address yet (CHANGELOG.md, version scheme)."""
+    if ".dev" in version:
+        return []
+    return sorted(RELEASE_URLS - set(project.get("urls", {})))
+
+
+def test_a_release_version_has_project_urls():
+    missing = _missing_urls(geoarray.__version__, _pyproject()["project"])
+    assert not missing, f"pyproject.toml [project.urls] lacks {missing} for release {geoarray.__version__}"
+
+
+def test_the_url_check_fails_for_a_release_without_urls():
+    project = {k: v for k, v in _pyproject()["project"].items() if k != "urls"}
+    assert _missing_urls("0.1.0", project) == sorted(RELEASE_URLS)
+    assert _missing_urls("0.1.0.dev0", project) == []
+    assert _missing_urls("0.1.0", {"urls": dict.fromkeys(RELEASE_URLS, "https://example.org")}) == []

@@ -1,4 +1,13 @@
-"""The README's tour runs and prints what it claims; its commands name files that exist."""
+"""The README's quick starts and the documentation pages' code run and print what they claim; their
+commands name files that exist.
+
+Every ```python block of README.md and of the Markdown pages under docs/ is executed, one namespace per
+file (later blocks use earlier names). A block whose first line is ``# runs in the <kind> session`` runs
+only in that backend session (the PyTorch, JAX and NumPy-only sections); the others run in every session
+with their ``xp = np`` line pointed at the backend under test. A block's ``print(...)  # claim`` lines are
+what it must print. The FSDP2 example (``# runs in the fsdp session``) runs on two ranks in
+tests/test_torch_fsdp.py.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,16 @@ import io
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# README first; then every docs page with code (the docs build includes README's quick starts itself)
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
 def _runs_here(block: str, backend) -> bool:
@@ -20,28 +34,70 @@ def _runs_here(block: str, backend) -> bool:
     return match is None or match.group(1) == backend.kind
 
 
-def test_readme_python_blocks_run_and_print_true(backend, xp):
-    """The tour, with its ``xp = np`` line pointed at the backend under test, prints what it claims;
-    the PyTorch and JAX sections run in their own sessions."""
-    blocks = _python_blocks()
-    assert blocks, "README has no python blocks"
-    blocks = [b for b in blocks if _runs_here(b, backend)]
-    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) == 1, "the tour sets xp = np once"
-    namespace = {"__name__": "readme", "_xp_under_test": xp}  # one session: later blocks use earlier names
+def _run_blocks(path: Path, blocks: list[str], xp) -> None:
+    namespace = {"__name__": "readme", "_xp_under_test": xp}  # one file: later blocks use earlier names
     for block in blocks:
         block = re.sub(r"^xp = np\b.*$", "xp = _xp_under_test", block, flags=re.M)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, str(README), "exec"), namespace)
+            exec(compile(block, str(path), "exec"), namespace)
         printed = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
         claimed = [c.strip() for c in re.findall(r"^print\(.*\)\s*#\s*(.+)$", block, flags=re.M)]
-        assert printed == claimed, f"README block prints {printed}, claims {claimed}"
+        assert printed == claimed, f"{path.name}: a block prints {printed}, claims {claimed}"
+
+
+def test_readme_python_blocks_run_and_print_true(backend, xp):
+    """The quick starts, the array-API one with its ``xp = np`` line pointed at the backend under test,
+    print what they claim; the PyTorch and JAX ones run in their own sessions."""
+    blocks = [b for b in _python_blocks(README) if _runs_here(b, backend)]
+    assert blocks, "README has no python blocks for this session"
+    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) == 1, "the quick start sets xp = np once"
+    _run_blocks(README, blocks, xp)
+
+
+@pytest.mark.parametrize("page", [p for p in DOCUMENTS[1:] if _python_blocks(p)], ids=lambda p: p.name)
+def test_docs_python_blocks_run_and_print_what_they_claim(page, backend, xp):
+    blocks = [b for b in _python_blocks(page) if _runs_here(b, backend)]
+    if not blocks:
+        pytest.skip(f"{page.name}: no block runs in the {backend.kind} session")
+    # a page that uses the tour's namespace sets it once (then that line is pointed at the backend)
+    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) <= 1, f"{page.name} sets xp twice"
+    _run_blocks(page, blocks, xp)
+
+
+def test_every_python_block_runs_somewhere():
+    """A block is marked for a session that exists (a typo would silently never run it)."""
+    kinds = {"numpy", "array_api_strict", "torch", "jax", "cupy", "fsdp"}
+    for path in DOCUMENTS:
+        for block in _python_blocks(path):
+            match = re.match(r"# runs in the (\S+) session", block)
+            assert match is None or match.group(1) in kinds, f"{path.name}: unknown session {match.group(1)!r}"
 
 
 def test_readme_commands_exist():
     text = README.read_text(encoding="utf-8")
-    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     test_command = re.search(r"^nox .*$", ci, flags=re.M).group(0)
     assert f"```bash\n{test_command}\n```" in text, ".ci/run must run the README's test command"
-    for script in re.findall(r"python (examples/\S+\.py)", text):
-        assert (README.parent / script).is_file(), script
+    for path in DOCUMENTS:
+        for script in re.findall(r"python (examples/\S+\.py|benchmarks/\S+\.py)", path.read_text(encoding="utf-8")):
+            assert (ROOT / script).is_file(), f"{path.name} names {script}, which does not exist"
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub (and MyST's heading_anchors) give a Markdown file: lower case, spaces to
+    hyphens, punctuation dropped."""
+    headings = re.findall(r"^#{1,6} +(.+)$", path.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file of the repository, and a #section of a Markdown
+    file names one of its headings (the Results list points into the docs pages)."""
+    text = README.read_text(encoding="utf-8")
+    for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+        if anchor and target.endswith(".md"):
+            assert anchor in _anchors(ROOT / target), f"README links to {target}#{anchor}: no such heading"

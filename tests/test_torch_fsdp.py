@@ -21,7 +21,7 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
   would leave the model's parts at different steps);
 * FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
-* the README's FSDP2 example runs on 2 ranks and prints what it claims.
+* the FSDP2 example of docs/frameworks.md (moved from the README) runs on 2 ranks and prints what it claims.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ N_STEPS = 4
 WORLD = 2
 TIMEOUT = 240.0  # seconds for one spawned run (imports of torch.distributed dominate)
 B, PER_RANK = 8, 4  # frames in the stack, frames per rank
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "frameworks.md"  # the FSDP2 example (was in README.md)
 
 # geoarray.torch class → constructor keywords; "Optimizer" wraps a core of its own (not known to separate)
 OPTIMIZERS = {
@@ -293,7 +293,7 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
 
 def _readme_block() -> str:
     blocks = re.findall(r"```python\n(# runs in the fsdp session.*?)```", README.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == 1, "README has one FSDP2 example"
+    assert len(blocks) == 1, "docs/frameworks.md has one FSDP2 example"
     return blocks[0]
 
 

@@ -188,6 +188,11 @@ def resolve(target: str, module: str | None = None, cls: str | None = None) -> o
     """The object a Python cross-reference names, looked up as Sphinx does (absolute, then relative to
     the current class and module, then to each parent package); ``_MISSING`` if nothing has that name,
     ``_UNCHECKED`` if the name leads into a module whose optional dependency is not installed."""
+    return resolve_named(target, module, cls)[0]
+
+
+def resolve_named(target: str, module: str | None = None, cls: str | None = None) -> tuple[object, str]:
+    """:func:`resolve`, with the full dotted name under which the object was found."""
     contexts = [""]
     if module:
         parts = module.split(".")
@@ -207,9 +212,18 @@ def resolve(target: str, module: str | None = None, cls: str | None = None) -> o
             except AttributeError:
                 break
             except ImportError:  # a lazy submodule whose framework is not installed here: not checkable
-                return _UNCHECKED
-            return obj
-    return _MISSING
+                return _UNCHECKED, prefix + target
+            return obj, prefix + target
+    return _MISSING, target
+
+
+def enclosing_page(name: str, modules: list[str]) -> str | None:
+    """The public module whose API page covers the dotted ``name`` (the longest public prefix), or None
+    for a private name (a component starting with ``_``) or one outside the public modules."""
+    if any(part.startswith("_") for part in name.split(".")):
+        return None
+    homes = [m for m in modules if name == m or name.startswith(m + ".")]
+    return max(homes, key=len) if homes else None
 
 
 _PUBLIC_NAMES: dict[int, str] = {}
@@ -342,7 +356,11 @@ def write_pages(outdir: Path) -> list[str]:
 
 
 def setup(app):  # the Sphinx extension
+    import functools
+
     from sphinx.util import logging
+
+    _modules = functools.cache(lambda: public_modules({}))
 
     logger = logging.getLogger(__name__)
 
@@ -358,12 +376,42 @@ def setup(app):  # the Sphinx extension
         # describe it where users import it (geoarray.gauge.redundancy): link there
         if node.get("refdomain") != "py":
             return None
-        obj = resolve(node.get("reftarget", ""), node.get("py:module"), node.get("py:class"))
-        canonical = _public_name(obj) if obj is not _MISSING and obj is not _UNCHECKED else None
-        if canonical is None or canonical == node.get("reftarget"):
+        if node.get("reftarget") in ("'Array'", "TypeAliasForwardRef"):
+            # the Array alias as Sphinx writes it inside a subscripted annotation (tuple[Array, Array]
+            # under ``from __future__ import annotations``): the same name, described on api/index
+            domain = env.get_domain("py")
+            return domain.resolve_xref(env, node["refdoc"], app.builder, "class", "Array", node, contnode)
+        target, module, cls = node.get("reftarget", ""), node.get("py:module"), node.get("py:class")
+        obj, name = resolve_named(target, module, cls)
+        if obj is _MISSING and module and cls:
+            # a docstring is written where its class is defined (geoarray.manifolds.sections) and rendered
+            # where it is exported (geoarray.manifolds): resolve it in the defining module too
+            owner = resolve(cls, module)
+            if owner is not _MISSING and owner is not _UNCHECKED and hasattr(owner, "__module__"):
+                obj, name = resolve_named(target, owner.__module__, owner.__qualname__)
+        if obj is _MISSING and "." not in target:
+            # a function's docstring names a class of the package by its short name (TransformerLM in
+            # geoarray.gauge.counting.redundancy): link it when exactly one public name is spelled so
+            _public_name(None)  # fills the table
+            matches = {full for full in _PUBLIC_NAMES.values() if full.rsplit(".", 1)[-1] == target}
+            if len(matches) == 1:
+                obj, name = resolve_named(matches.pop())
+        if obj is _MISSING or obj is _UNCHECKED:
             return None
-        domain = env.get_domain("py")
-        return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode)
+        canonical = _public_name(obj)
+        if canonical is not None and canonical != node.get("reftarget"):
+            domain = env.get_domain("py")
+            found = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode)
+            if found is not None:
+                return found
+        # an implementation module or object with no public name of its own (geoarray.manifolds.sections,
+        # geoarray.gauge.counting, ...): link to the API page of the public module that contains it
+        page = enclosing_page(name, _modules())
+        if page is None:
+            return None  # private names: conf.py's nitpick_ignore_regex says why they are not linked
+        from sphinx.util.nodes import make_refnode
+
+        return make_refnode(app.builder, node["refdoc"], f"api/{page}", None, contnode, name)
 
     def drop_field_alias(app, what, name, obj, options, lines) -> None:
         # a NamedTuple field's generated doc says nothing its name and type do not
@@ -371,7 +419,46 @@ def setup(app):  # the Sphinx extension
         if len(text) == 1 and text[0].startswith("Alias for field number"):
             lines.clear()
 
+    def tidy_alias(app, doctree) -> None:
+        # inside a subscripted annotation (tuple[Array, Array]) Sphinx 9 writes the Array alias as
+        # TypeAliasForwardRef('Array'): the wrapper's name, "(", the quoted name, ")" as sibling nodes
+        # (plain text in signatures, emphasis in parameter lists). Put the plain name back, linked to
+        # its description.
+        from docutils import nodes
+        from sphinx.addnodes import pending_xref
+
+        def strip_first(node: nodes.Node) -> None:  # drop the node's first character ("(" or ")")
+            text = node.astext()[1:]
+            if not text:
+                node.parent.remove(node)
+            elif isinstance(node, nodes.Text):
+                node.parent.replace(node, nodes.Text(text))
+            else:
+                node.children = [nodes.Text(text)]
+
+        for ref in list(doctree.findall(pending_xref)):
+            if ref.get("reftarget") != "TypeAliasForwardRef" or ref.parent is None:
+                continue
+            siblings = ref.parent.children
+            i = siblings.index(ref)
+            after = siblings[i + 1 : i + 4]
+            if not (
+                len(after) == 3
+                and after[0].astext().startswith("(")
+                and isinstance(after[1], pending_xref)
+                and after[1].get("reftarget") == "'Array'"
+                and after[2].astext().startswith(")")
+            ):
+                continue
+            ref.parent.remove(after[1])
+            strip_first(after[0])
+            strip_first(after[2])
+            ref["reftarget"] = "Array"
+            for text in list(ref.findall(nodes.Text)):
+                text.parent.replace(text, nodes.Text("Array"))
+
     app.connect("builder-inited", generate)
+    app.connect("doctree-read", tidy_alias)
     app.connect("missing-reference", link_to_public_name)
     app.connect("autodoc-process-docstring", drop_field_alias)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
