@@ -7,9 +7,9 @@ and one compilation serves every later step (a recompilation is an error here); 
 model with a ManifoldParameter and a plain tensor it equals the eager step to ``AGREE_RTOL`` (two
 code paths), for every geoarray.torch optimizer (torch's Adam, AdamW and SGD conventions, the paper's
 Adam, Gradient, Momentum, AdamWithDecay, and ManifoldMuon on the manifold weight alone: it refuses
-vectors); the weight stays on its manifold. A compiled step that would have to build state raises ``RuntimeError`` saying to run it
-eagerly, and ``validate()`` checks the values on request, naming the parameter; ``capturable=True`` set
-after construction is still refused by the eager step.
+vectors); the weight stays on its manifold. A compiled step that would have to build state raises
+``RuntimeError`` saying to run it eagerly, and ``validate()`` checks the values on request, naming the
+parameter; ``capturable=True`` set after construction is still refused by the eager step.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ kept bit for bit; ``project=False`` and a manifold without a projection refuse w
 error, the tolerance and the fix; a float32-trained model converted to float64 is refused by the
 optimizer with that message until ``project_(model)``; ``orthogonal_`` makes tall, square and wide
 weights orthonormal (columns or rows), equal to the polar factor of the old weight, and training with
-geoarray.torch.Adam keeps them so to 1e-12; geoopt's Stiefel optimizer tests, ported (Adam and SGD
+geoarray.torch.Adam keeps them so to 1e-12, also for weights taken over from a geotorch (or torch)
+orthogonal parametrization and its checkpoint; geoopt's Stiefel optimizer tests, ported (Adam and SGD
 converging to a target point from a random start), pass with their own criterion ‖X − Q‖ < 1e-4.
 """
 
@@ -114,9 +115,46 @@ def test_orthogonal_refuses_what_it_cannot_constrain(torch, gt):
         gt.orthogonal_(torch.nn.Linear(3, 4), "kernel")
     with pytest.raises(ValueError, match="needs a matrix"):
         gt.orthogonal_(torch.nn.Linear(3, 4), "bias")
-    lin = gt.orthogonal_(torch.nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="already parametrized"):
-        gt.orthogonal_(lin)
+
+
+@pytest.mark.parametrize("library", ["torch", "geotorch"])
+@pytest.mark.parametrize(("in_features", "out_features"), [(6, 6), (4, 7), (7, 4)])
+def test_orthogonal_takes_over_a_parametrized_weight_and_loads_its_checkpoint(
+    torch, gt, library, in_features, out_features
+):
+    """A checkpoint of a weight constrained by geotorch.orthogonal (or torch's own orthogonal
+    parametrization) loads into the same parametrized model; ``orthogonal_`` then replaces the
+    parametrization by a ManifoldParameter holding its value (equal to 1e-12: the projection of an
+    orthonormal matrix is itself), which geoarray.torch.Adam trains on the manifold (to 1e-12)."""
+    if library == "geotorch":
+        constrain = pytest.importorskip("geotorch", reason="geotorch is not installed").orthogonal
+    else:
+        constrain = torch.nn.utils.parametrizations.orthogonal
+
+    def model(seed):
+        torch.manual_seed(seed)
+        lin = torch.nn.Linear(in_features, out_features, dtype=torch.float64)
+        constrain(lin, "weight")
+        return lin
+
+    trained = model(0)
+    checkpoint = {k: v.clone() for k, v in trained.state_dict().items()}
+    lin = model(1)
+    lin.load_state_dict(checkpoint)
+    value = trained.weight.detach()
+    gt.orthogonal_(lin, "weight")
+    assert_agree(lin.weight.detach(), value, rtol=1e-12)
+    params = [p for p in lin.parameters() if isinstance(p, gt.ManifoldParameter)]
+    assert len(params) == 1
+    opt = gt.Adam(lin.parameters(), lr=1e-2)
+    x = torch.randn(5, in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    for _ in range(3):
+        lin(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    W = lin.weight.detach()
+    gram = W @ W.mT if out_features < in_features else W.mT @ W
+    assert (gram - torch.eye(min(W.shape), dtype=W.dtype)).abs().max() < 1e-12
 
 
 # geoopt's tests/test_adam.py::test_adam_stiefel and tests/test_rsgd.py::test_rsgd_stiefel, ported: the

@@ -16,6 +16,8 @@ Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Trainin
   transposes the gradient). The parameter lives at ``module.parametrizations.weight.original``, as with
   geotorch and ``torch.nn.utils.parametrizations.orthogonal``, so ``state_dict`` keys change
   accordingly.
+* **geotorch checkpoints**: ``orthogonal_`` on a weight that geotorch (or torch's own orthogonal
+  parametrization) constrains takes the parametrization's current value (:func:`orthogonal_`).
 """
 
 from __future__ import annotations
@@ -50,11 +52,18 @@ def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: boo
     more than two dimensions are a batch of matrices. Returns ``module``. Train it with a
     geoarray.torch optimizer (``geoarray.torch.Adam(model.parameters(), ...)``); a plain
     ``torch.optim`` optimizer does not keep the constraint.
+
+    A weight already constrained by a parametrization — ``geotorch.orthogonal``,
+    ``torch.nn.utils.parametrizations.orthogonal`` — is replaced by the parametrization's current value.
+    This loads a geotorch checkpoint: build the model with geotorch as it was trained,
+    ``model.load_state_dict(...)``, then ``orthogonal_`` each constrained weight.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if parametrize.is_parametrized(module, name):
-        raise ValueError(f"{type(module).__name__}.{name} is already parametrized; remove its parametrization first")
+        # geotorch.orthogonal, torch.nn.utils.parametrizations.orthogonal or an earlier orthogonal_: the
+        # parametrization's current value becomes the plain weight (projected below like any other)
+        parametrize.remove_parametrizations(module, name, leave_parametrized=True)
     weight = getattr(module, name, None)
     if not isinstance(weight, torch.nn.Parameter):
         raise ValueError(f"{type(module).__name__} has no parameter {name!r} (got {type(weight).__name__})")
