@@ -33,6 +33,7 @@ kernel the square path uses instead (for n = N the horizontal part B is empty an
 * ``retraction-2n``: the general path's retraction kernel, φ₁ of the 2n×2n matrix X of eq. 21 with
   G = 0 (:func:`geoarray.manifolds.retraction.retract_e`);
 * ``exp-n``: the square path's exp(A) on the n×n skew block alone (``retract_square``);
+* ``matmul-n``: one n×n product, the unit of the step's cost (the square step has nine);
 * ``torch-adam``: torch.optim.Adam's step, for scale.
 
     OMP_NUM_THREADS=1 python benchmarks/square_step.py [--n 128] [--dtype float32] [--steps 200]
@@ -115,6 +116,7 @@ def _kernels(n: int, dtype: torch.dtype) -> dict:
         "section-square": lambda: M.global_section(Y),
         "retraction-2n": lambda: retract_e(halfA, gram, B, xp=xp, method="geodesic", max_doublings=8),
         "exp-n": lambda: retract_square(halfA, xp=xp, method="geodesic", max_doublings=8),
+        "matmul-n": lambda: Y @ A,
         "torch-adam": adam.step,
     }
     return fns, agree

@@ -38,6 +38,6 @@ def test_square_step_json(backend, tmp_path, capsys):
         assert math.isclose(row["vs_torch"], row["median_ms"] / rows["torch"]["median_ms"], rel_tol=1e-9)
     assert rows["torch"]["vs_torch"] == 1.0
     kernels = result["kernels"]
-    assert {"section-householder", "section-square", "retraction-2n", "exp-n", "torch-adam"} <= set(kernels)
+    assert {"section-householder", "section-square", "retraction-2n", "exp-n", "matmul-n", "torch-adam"} <= set(kernels)
     # the square fast path's kernel computes the same exp(A) as the 2n×2n one (float32 rounding)
     assert kernels["max_abs_difference_retraction_2n_vs_exp_n"] < 1e-5
