@@ -31,7 +31,11 @@ its shard depends on *where* the cut is:
   state not sharded.
 
 A non-finite gradient skips the step (``on_nonfinite="skip"``); where ranks step different parts,
-they agree on it first: one all-reduce of a 4-byte flag per cohort and step, without a host read.
+they agree on it: one all-reduce of a 4-byte flag per cohort and step, without a host read — on the
+gradients before the step where host reads are allowed, and on the step's outcome after it where
+they are not (:func:`geoarray.set_host_reads`: the core then also skips a step whose new points are
+not finite, beyond the retraction's fixed doubling budget, which each rank sees for its own points
+only; :meth:`Views.agree`).
 
 ``fully_shard`` below is torch's with the manifolds kept: FSDP2 builds new ``nn.Parameter`` objects,
 dropping the :class:`~geoarray.torch.ManifoldParameter` class and its ``manifold``, which it puts
@@ -207,10 +211,16 @@ class Views:
         self.params, self.modes, self.owners = params, modes, owners
         self.leaves = [self._plain(p, mode, p.detach()) for p, mode in zip(params, modes, strict=True)]
         self.grads = None
+        self._agree_after = False  # True: the ranks agree on taking the step after it (agree())
         if grads:
             self.grads = [self._plain(p, mode, p.grad) for p, mode in zip(params, modes, strict=True)]
-            if check_finite:
-                self._agree_on_finiteness()
+            if check_finite and any(mode in ("local", "owner") for mode in modes):
+                from .._backend import host_reads_allowed
+
+                if host_reads_allowed(self.grads[0]):
+                    self._agree_on_finiteness()
+                else:
+                    self._agree_after = True
 
     def _plain(self, p: Any, mode: str, t: Any) -> torch.Tensor:
         if mode == "plain":
@@ -242,6 +252,31 @@ class Views:
         k = next((k for k in own if self.grads[k].numel()), own[0])
         g = self.grads[k]
         self.grads[k] = g + torch.where(flag.bool(), 0.0, float("nan")).to(g.dtype)
+
+    def agree(self, old_state: Any, new: list, new_state: Any) -> tuple[list, Any]:
+        """Without host reads (:func:`geoarray.set_host_reads`), the core also skips a step whose new
+        points are not finite — one beyond the retraction's fixed doubling budget — and decides that
+        from this rank's points only: a rank that skipped while the others stepped would leave its
+        parts of the model, and its step counter, behind. So the ranks agree after the step, not on
+        the gradients before it: one all-reduce (MIN) of "this rank took its step" (its ``skipped``
+        count did not grow: a non-finite gradient or new point), and where any rank did not, every
+        rank keeps its old values and state and counts the step skipped — selected on the device, no
+        host read. Returns the values and state to keep."""
+        if not self._agree_after:
+            return new, new_state
+        import torch.distributed as dist
+
+        took = (new_state.skipped == old_state.skipped).to(torch.int32)
+        own = next(k for k, mode in enumerate(self.modes) if mode in ("local", "owner"))
+        mesh = self.params[own].device_mesh
+        for d in range(mesh.ndim):
+            dist.all_reduce(took, op=dist.ReduceOp.MIN, group=mesh.get_group(d))
+        every = took.bool()
+        new = [torch.where(every, n, o) for n, o in zip(new, self.leaves, strict=True)]
+        import optree
+
+        kept = optree.tree_map(lambda n, o: torch.where(every, n, o), new_state, old_state)
+        return new, kept._replace(skipped=old_state.skipped + (1 - took).to(old_state.skipped.dtype))
 
     def write(self, new: list) -> None:
         targets, values = [], []
