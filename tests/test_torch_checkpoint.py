@@ -2,7 +2,7 @@
 
 The model of ``tests/test_torch_fsdp.py`` (a ``(8, 16, 4)`` stack of Stiefel frames, stepped where its
 shards are; a ``64×8`` Stiefel weight, gathered to its owner rank; a plain ``8×6`` matrix) under
-Adam (state per frame, per owned matrix and per row), ManifoldMuon (the plain matrix owned too: its
+Adam, PaperAdam and SGD with momentum (state per frame, per owned matrix and per row), ManifoldMuon (the plain matrix owned too: its
 Muon state) and a ``geoarray.torch.Optimizer`` around a core of its own (everything gathered on every
 rank). Properties, in float64:
 
@@ -29,7 +29,7 @@ from test_torch_fsdp import TIMEOUT, WORLD, _batch, _init, _model, _optimizer, _
 
 from _distributed import run_ranks
 
-NAMES = ("Adam", "ManifoldMuon", "Optimizer")
+NAMES = ("Adam", "PaperAdam", "SGD", "ManifoldMuon", "Optimizer")
 HALF = 2  # steps before the checkpoint, and after it
 
 
