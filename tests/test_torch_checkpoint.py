@@ -2,9 +2,9 @@
 
 The model of ``tests/test_torch_fsdp.py`` (a ``(8, 16, 4)`` stack of Stiefel frames, stepped where its
 shards are; a ``64×8`` Stiefel weight, gathered to its owner rank; a plain ``8×6`` matrix) under
-Adam, PaperAdam and SGD with momentum (state per frame, per owned matrix and per row), ManifoldMuon (the plain matrix owned too: its
-Muon state) and a ``geoarray.torch.Optimizer`` around a core of its own (everything gathered on every
-rank). Properties, in float64:
+Adam, PaperAdam and SGD with momentum (state per frame, per owned matrix and per row), ManifoldMuon
+(the plain matrix owned too: its Muon state) and a ``geoarray.torch.Optimizer`` around a core of its
+own (everything gathered on every rank). Properties, in float64:
 
 * **1 → 2**: one process (no FSDP) takes 2 steps and saves model and optimizer with ``dcp.save``; 2 gloo
   ranks under ``fully_shard`` load it into fresh models and optimizers and take 2 more steps. Right

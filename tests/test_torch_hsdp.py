@@ -8,7 +8,8 @@ after 4 steps in float64, for Adam and ManifoldMuon:
 * the parameters equal a single-process run on the whole batch to 1e-12 and stay on their manifolds,
   and the two replicas of each shard are bit-identical (the same reduced gradients, the same update);
 * the frames' optimizer state is sharded within each replica group: the rank at shard coordinate s
-  holds frames 4s…4s+3 only;
+  holds frames 4s…4s+3 only; the 64×8 weight, cut by rows, is gathered to its owner within each
+  replica group (shard 0), which alone holds its state, equal to the single process's;
 * checkpoints (``geoarray.torch.checkpoint`` through ``torch.distributed.checkpoint``) move between
   this 4-rank 2-D run and one process: resumed from a one-process checkpoint and saved for one process,
   both equal the uninterrupted one-process run to 1e-12.
@@ -68,6 +69,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 "local": {k: v.to_local().clone() for k, v in model.state_dict().items()},
                 "placements": [str(p.placements) for p in model.parameters()],
                 "frames_state": _frames_state(opt, model.F, name),
+                "W_state": _frames_state(opt, model.W, name),
             }
             # 1 → 4: the one-process checkpoint; 4 → 1: saved after 2 steps here
             model = gt.fully_shard(_model(), mesh=mesh)
@@ -98,6 +100,7 @@ def test_hsdp_on_a_2d_mesh_steps_like_one_process_and_checkpoints_across_world_s
         _train(opt, model, x, y, N_STEPS)
         reference[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         states[name] = _frames_state(opt, model.F, name)
+        states[name, "W"] = _frames_state(opt, model.W, name)
         model = _model()
         opt = _optimizer(name, model.parameters())
         _train(opt, model, x, y, HALF)
@@ -120,6 +123,13 @@ def test_hsdp_on_a_2d_mesh_steps_like_one_process_and_checkpoints_across_world_s
             for a, b in zip(got["frames_state"], states[name], strict=True):
                 assert a.shape[0] == 4, f"{name}: rank {rank} holds the state of {a.shape[0]} frames, expected 4"
                 torch.testing.assert_close(a, b[4 * s : 4 * s + 4], rtol=0, atol=1e-12, msg=f"{name}: frames' state")
+            # the 64×8 weight, cut by rows: stepped whole by its owner in each replica group (shard 0,
+            # the least loaded), which alone holds its state
+            for a, b in zip(got["W_state"], states[name, "W"], strict=True):
+                if s == 0:
+                    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"{name}: the owner's state of W")
+                else:
+                    assert a.numel() == 0, f"{name}: rank {rank} holds state of W {tuple(a.shape)}, owned by shard 0"
         # the replicas (ranks s and 2 + s) of each shard: bit-identical
         for s in range(SHARDS):
             for k, v in ranks[s][name]["local"].items():

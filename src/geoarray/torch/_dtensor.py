@@ -23,8 +23,10 @@ its shard depends on *where* the cut is:
   batch in its place and hold no state for it (``"owner"``). Per step, the owner receives
   2·(W−1)/W of the matrix and each other rank 1/W of it. (A tall-skinny QR over the row shards,
   with all-reduces of the n×n pieces, would spread the work of one matrix too; not implemented.)
-  Meshes of more than one dimension, or a cut in another dimension, are gathered on every rank
-  instead (``"all"``: ``DTensor.full_tensor``, a replicated step and state).
+  On a 2-D mesh of HSDP (``(Replicate(), Shard(0))``) the same happens within each replica group
+  (each group's owner steps the matrix, as each replica steps its copy). A cut in another dimension,
+  or cuts along two mesh dimensions, are gathered on every rank instead (``"all"``:
+  ``DTensor.full_tensor``, a replicated step and state).
 * **optimizers whose update is not known to separate** (a :class:`geoarray.torch.Optimizer` around
   a core of your own, which may clip by a global norm; ``section="random"``, whose draws depend on
   the shape of the batch) get every sharded parameter gathered on every rank (``"all"``): exact, the
@@ -134,9 +136,23 @@ def _mode(p: Any, optimizer: Any, group: dict) -> str:
             cut_inside = True
     if not cut_inside:
         return "local"
-    if p.device_mesh.ndim == 1 and len(p.placements) == 1 and p.placements[0].dim % p.ndim == 0:
+    if _shard_dim(p) is not None:
         return "owner"
     return "all"
+
+
+def _shard_dim(p: Any) -> int | None:
+    """The mesh dimension along which ``p`` is cut into row blocks, where that is its only cut (FSDP2's
+    ``Shard(0)``; HSDP's ``(Replicate(), Shard(0))``: each replica group holds the whole in row blocks),
+    else None. Owner-stepped parameters are gathered and scattered along it."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    shards = [d for d, pl in enumerate(p.placements) if isinstance(pl, Shard)]
+    if len(shards) != 1 or p.placements[shards[0]].dim % p.ndim != 0:
+        return None
+    if not all(isinstance(pl, Replicate) for d, pl in enumerate(p.placements) if d != shards[0]):
+        return None
+    return shards[0]
 
 
 def _owners(optimizer: Any, group: dict, params: list, modes: list) -> dict:
@@ -152,7 +168,7 @@ def _owners(optimizer: Any, group: dict, params: list, modes: list) -> dict:
         for g in optimizer.param_groups:
             for q in g["params"]:
                 if _is_dtensor(q) and _mode(q, optimizer, g) == "owner":
-                    world = q.device_mesh.size()
+                    world = q.device_mesh.size(_shard_dim(q))
                     load = loads.setdefault(world, [0] * world)
                     r = min(range(world), key=lambda i: (load[i], i))
                     load[r] += q.numel()
@@ -172,8 +188,9 @@ def _gather_to(owner: int, local: torch.Tensor, p: Any) -> torch.Tensor:
     padded shards); elsewhere an empty batch ``(0, *shape)`` for the core to step nothing."""
     import torch.distributed as dist
 
-    group = p.device_mesh.get_group(0)
-    world, me = p.device_mesh.size(), p.device_mesh.get_local_rank(0)
+    d = _shard_dim(p)
+    group = p.device_mesh.get_group(d)
+    world, me = p.device_mesh.size(d), p.device_mesh.get_local_rank(d)
     rows = _chunk_rows(p.shape[0], world)
     padded = local.new_zeros((rows, *p.shape[1:]))
     padded[: local.shape[0]].copy_(local)
@@ -186,20 +203,27 @@ def _gather_to(owner: int, local: torch.Tensor, p: Any) -> torch.Tensor:
 
 def _scatter_from(owner: int, whole: torch.Tensor, p: Any) -> torch.Tensor:
     """This rank's rows of the whole tensor held by rank ``owner`` (``dist.scatter`` of padded chunks)."""
+    return scatter_rows(owner, whole, tuple(p.shape), p, like=p.to_local())
+
+
+def scatter_rows(owner: int, whole: torch.Tensor | None, shape: tuple, p: Any, like: torch.Tensor) -> torch.Tensor:
+    """This rank's ``Shard(0)`` rows (torch.chunk's blocks) of a tensor of ``shape`` held whole by rank
+    ``owner`` along ``p``'s cut mesh dimension (``dist.scatter`` of padded blocks); ``like`` gives the
+    dtype and device."""
     import torch.distributed as dist
 
-    group = p.device_mesh.get_group(0)
-    world, me = p.device_mesh.size(), p.device_mesh.get_local_rank(0)
-    rows = _chunk_rows(p.shape[0], world)
-    local = p.to_local()
-    out = local.new_empty((rows, *p.shape[1:]))
+    d = _shard_dim(p)
+    group = p.device_mesh.get_group(d)
+    world, me = p.device_mesh.size(d), p.device_mesh.get_local_rank(d)
+    rows = _chunk_rows(shape[0], world)
+    out = like.new_empty((rows, *shape[1:]))
     chunks = None
     if me == owner:
-        padded = whole.new_zeros((rows * world, *p.shape[1:]))
-        padded[: p.shape[0]].copy_(whole)
+        padded = whole.new_zeros((rows * world, *shape[1:]))
+        padded[: shape[0]].copy_(whole)
         chunks = list(padded.split(rows))
     dist.scatter(out, chunks, src=dist.get_global_rank(group, owner), group=group)
-    return out[: local.shape[0]]
+    return out[: max(0, min(rows, shape[0] - me * rows))]
 
 
 class Views:

@@ -24,25 +24,25 @@ functions here have its contract instead::
     model.load_state_dict(state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
 
-``get_optimizer_state_dict`` splits each cohort state into **one entry per parameter and state tensor**,
-keyed by the parameter's name in ``model`` (``state[fqn][slot]``), each a DTensor placed as the
-parameter is (for a rank's frames, rows or elements: ``DTensor.from_local`` of what the rank holds —
-no communication), a ``Shard(0)`` DTensor scattered from the owner (a matrix stepped whole on one
-rank), or a plain tensor (a parameter that is not a DTensor, or gathered on every rank). A *slot* is
-the state tensor's path in the cohort state with the group index replaced by ``*`` (``"2.1.1.*.0"``:
-the A block of Adam's first moment); a state tensor of the whole cohort (step and skip counters)
-is repeated under every parameter. ``dcp.load`` then reads into each template whatever part of the
-saved tensors its rank needs, and ``set_optimizer_state_dict`` packs the parts back into cohort
-states (stacking and raveling as the new run's layout does). The same checkpoint therefore loads on
-W' ≠ W ranks, or in one process; the resumed run equals the uninterrupted one to rounding (a batched
-update of 4 frames rounds like one of 8 frame by frame; a row-sharded gradient is a reduce-scattered
-mean) — bit for bit only on the same world size, where ``optimizer.state_dict()`` also serves.
+``get_optimizer_state_dict`` splits each cohort state into **one entry per parameter and state
+tensor**, keyed by the parameter's name in ``model`` (``state[fqn][slot]``), each a DTensor placed as
+the parameter is (for a rank's frames, rows or elements: ``DTensor.from_local`` of what the rank
+holds — no communication), a DTensor in the parameter's row blocks scattered from the owner (a
+matrix stepped whole on one rank), or a plain tensor (a parameter that is not a DTensor, or gathered
+on every rank). A *slot* is the state tensor's path in the cohort state with the group index
+replaced by ``*`` (``"2.1.1.*.0"``: the A block of Adam's first moment); a state tensor of the whole
+cohort (step and skip counters) is repeated under every parameter. ``dcp.load`` then reads into each
+template the part of the saved tensors its rank needs, and ``set_optimizer_state_dict`` packs the
+parts back into cohort states (stacking and raveling as the new run's layout does). The same
+checkpoint therefore loads on W' ≠ W ranks, or in one process, and the resumed run equals the
+uninterrupted one to rounding (on different ranks the gradients are reduce-scattered means, which
+round differently) — bit for bit only on the same ranks, where ``optimizer.state_dict()`` also serves.
 
 The per-group entries of a cohort state are found by position: a tuple with one entry per layout
 group (or per Euclidean group, or per manifold group), each entry's tensors leading with that group's
 packed shape (its batch shape for a manifold group; the parameter's shape for a Euclidean one). This
-holds for every core of geoarray.optim that keeps a ``layout`` (Adam, SGD, Momentum, PaperAdam, ManifoldMuon,
-Muon, ``riemannian(...)``); a core whose state has no layout is refused (``TypeError``).
+holds for every core of geoarray.optim that keeps a ``layout`` (Adam, SGD, Momentum, PaperAdam,
+ManifoldMuon, Muon, ``riemannian(...)``); a core whose state has no layout is refused (``TypeError``).
 
 A template from an optimizer that has not stepped assumes one cohort per param group (every
 parameter of the group stepped at the first step, the usual case); a checkpoint whose cohorts differ
@@ -189,7 +189,7 @@ def _export(piece: torch.Tensor, p: Any, mode: str, owner: int | None, seen: set
     piece = _distinct(piece, seen)
     if mode in ("plain", "all"):
         return piece
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard
 
     mesh = p.device_mesh
     if mode == "local":  # the cut is in the dims the piece shares with the parameter: placed as it is
@@ -201,15 +201,21 @@ def _export(piece: torch.Tensor, p: Any, mode: str, owner: int | None, seen: set
         return DTensor.from_local(
             piece, mesh, p.placements, run_check=False, shape=torch.Size(shape), stride=tuple(stride)
         )
-    # "owner": the whole piece on one rank, an empty batch (0, …) elsewhere; saved as Shard(0) rows
-    me = mesh.get_local_rank(0)
-    whole = piece if me == owner else piece.new_zeros(piece.shape[1:])
-    if whole.ndim == 0:
+    # "owner": the whole piece on one rank (of each replica group), an empty batch (0, …) elsewhere;
+    # saved in the parameter's row blocks, scattered from the owner
+    d = _dtensor._shard_dim(p)
+    mine = mesh.get_local_rank(d) == owner
+    shape = tuple(piece.shape) if mine else tuple(piece.shape[1:])
+    if not shape:
         import torch.distributed as dist
 
-        dist.broadcast(whole, dist.get_global_rank(mesh.get_group(0), owner), group=mesh.get_group(0))
+        whole = piece.clone() if mine else piece.new_zeros(())
+        group = mesh.get_group(d)
+        dist.broadcast(whole, dist.get_global_rank(group, owner), group=group)
         return whole
-    return distribute_tensor(whole, mesh, [Shard(0)], src_data_rank=owner)
+    rows = _dtensor.scatter_rows(owner, piece if mine else None, shape, p, like=piece)
+    stride = tuple(math.prod(shape[k + 1 :]) for k in range(len(shape)))
+    return DTensor.from_local(rows, mesh, p.placements, run_check=False, shape=torch.Size(shape), stride=stride)
 
 
 def _import(value: Any, like: torch.Tensor, p: Any, mode: str, owner: int | None, where: str) -> torch.Tensor:
@@ -218,7 +224,7 @@ def _import(value: Any, like: torch.Tensor, p: Any, mode: str, owner: int | None
             value = value.to_local()
         else:
             value = value.full_tensor()
-    if mode == "owner" and p.device_mesh.get_local_rank(0) != owner:
+    if mode == "owner" and p.device_mesh.get_local_rank(_dtensor._shard_dim(p)) != owner:
         value = value.new_empty((0, *value.shape))
     if not isinstance(value, torch.Tensor) or value.shape != like.shape or value.dtype != like.dtype:
         got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
