@@ -9,6 +9,11 @@ Properties: after N steps both ranks hold bit-identical parameters (the same bro
 to a single-process run of C on the full batch to 1e-12 (float64: the gradients are all-reduced sums,
 which round differently from the single-process ones), the Stiefel weight is a point of the manifold,
 and each rank's optimizer holds state for a strict subset of the parameters (the sharding happened).
+
+Resuming across world sizes (``geoarray.torch.checkpoint`` with ``torch.distributed.checkpoint``; ZeRO's
+own ``consolidate_state_dict`` keeps torch's per-parameter ``"state"`` only, which geoarray's optimizers
+leave empty): a one-process checkpoint after 2 steps resumed on the 2 ZeRO ranks, and the 2 ranks'
+checkpoint resumed in one process, both equal the uninterrupted single-process run to 1e-12.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from test_torch_checkpoint import _load, _save
 
 from _distributed import run_ranks
 
@@ -31,6 +37,7 @@ OPTIMIZERS = {
     "Gradient": {"lr": 0.05},
     "ManifoldMuon": {"lr": 0.02},
 }
+RESUMED = ("Adam", "ManifoldMuon")  # checkpoints across world sizes (geoarray.torch.checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -69,9 +76,12 @@ def _batch():
 
 
 def _train(opt, step_module, x, y) -> None:
-    for _ in range(N_STEPS):
-        loss = (step_module(x) - y).square().mean()
-        loss.backward()
+    _steps(opt, step_module, x, y, N_STEPS)
+
+
+def _steps(opt, step_module, x, y, n: int) -> None:
+    for _ in range(n):
+        (step_module(x) - y).square().mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -99,6 +109,19 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
             local = opt.optim  # this rank's geoarray optimizer over its shard of the parameters
             n_local = sum(len(group["params"]) for group in local.param_groups)
             out[name] = ({k: v.detach().clone() for k, v in model.state_dict().items()}, n_local)
+        for name in RESUMED:
+            # 1 → 2: the single process's checkpoint, each rank loading the state of its partition
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(gt, name), **OPTIMIZERS[name])
+            _load(f"{out_dir}/one_{name}", model, opt)
+            _steps(opt, DistributedDataParallel(model), x[shard], y[shard], N_STEPS // 2)
+            resumed = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            # 2 → 1
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(gt, name), **OPTIMIZERS[name])
+            _steps(opt, DistributedDataParallel(model), x[shard], y[shard], N_STEPS // 2)
+            _save(f"{out_dir}/two_{name}", model, opt)
+            out[f"resumed {name}"] = resumed
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.barrier()  # no rank tears the group down while another still uses it
@@ -111,6 +134,12 @@ def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
     import geoarray
     import geoarray.torch as gt
 
+    for name in RESUMED:  # 2 steps in one process, saved for the 2 ranks
+        model = _model()
+        opt = getattr(gt, name)(model.parameters(), **OPTIMIZERS[name])
+        x, y = _batch()
+        _steps(opt, model, x, y, N_STEPS // 2)
+        _save(tmp_path / f"one_{name}", model, opt)
     ranks = run_ranks(_zero_worker, tmp_path, WORLD, TIMEOUT, "ZeRO")
     x, y = _batch()
     n_params = len(list(_model().parameters()))
@@ -125,3 +154,17 @@ def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
             torch.testing.assert_close(p0[k], single[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
             assert not torch.equal(p0[k], _model().state_dict()[k]), f"{name}: {k} did not train"
         assert geoarray.Stiefel(6, 3).is_point(p0["Y"])
+        if name in RESUMED:
+            # resumed from the single process's checkpoint on 2 ranks, and from the 2 ranks' in one process:
+            # both equal the uninterrupted single-process run to 1e-12
+            for out in ranks:
+                for k in single:
+                    torch.testing.assert_close(
+                        out[f"resumed {name}"][k], single[k], rtol=0, atol=1e-12, msg=f"1→2 {name}: {k}"
+                    )
+            model = _model()
+            opt = getattr(gt, name)(model.parameters(), **kwargs)
+            _load(tmp_path / f"two_{name}", model, opt)
+            _steps(opt, model, x, y, N_STEPS // 2)
+            for k, v in model.state_dict().items():
+                torch.testing.assert_close(v, single[k], rtol=0, atol=1e-12, msg=f"2→1 {name}: {k}")

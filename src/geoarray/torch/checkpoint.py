@@ -44,6 +44,11 @@ packed shape (its batch shape for a manifold group; the parameter's shape for a 
 holds for every core of geoarray.optim that keeps a ``layout`` (Adam, SGD, Momentum, PaperAdam,
 ManifoldMuon, Muon, ``riemannian(...)``); a core whose state has no layout is refused (``TypeError``).
 
+Under ``torch.distributed.optim.ZeroRedundancyOptimizer`` (ZeRO-1) both functions take the ZeRO
+optimizer: each rank saves and loads the state of its own partition (ZeRO's ``consolidate_state_dict``
+gathers torch's per-parameter ``"state"`` only, which geoarray's optimizers leave empty, and its
+``load_state_dict`` then leaves them without state); cohorts are then one per param group.
+
 A template from an optimizer that has not stepped assumes one cohort per param group (every
 parameter of the group stepped at the first step, the usual case); a checkpoint whose cohorts differ
 is refused with a ``ValueError`` naming them. Memory: a matrix owned by one rank is gathered whole on
@@ -273,9 +278,10 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
     parameter is (module docstring), with the param groups' hyperparameters and the cohorts — for
     ``torch.distributed.checkpoint.save``, or as the template ``dcp.load`` fills. Collective where the
     parameters are DTensors: every rank calls it, in the same order."""
+    outer, optimizer = optimizer, _local(optimizer)
     names = _names(model, optimizer)
     state: dict = {}
-    cohorts_out = []
+    cohorts_out: list | None = []
     seen: set = set()
     for gi, (group, cohorts) in enumerate(zip(optimizer.param_groups, _cohorts_or_templates(optimizer), strict=True)):
         listed = []
@@ -295,11 +301,22 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
                         entry[slot] = _export(piece, p, mode, owners.get(id(p)), seen)
             listed.append([names[gi][i] for i in cohort.indices])
         cohorts_out.append(listed)
+    if outer is not optimizer:  # ZeRO: this rank's part of each group; the cohorts are the default ones
+        cohorts_out = None
+    outer_names = _names(model, outer)
     groups = [
-        {**{k: v for k, v in g.items() if k not in _HYPER_SKIP}, "params": names[gi]}
-        for gi, g in enumerate(optimizer.param_groups)
+        {**{k: v for k, v in g.items() if k not in _HYPER_SKIP}, "params": outer_names[gi]}
+        for gi, g in enumerate(outer.param_groups)
     ]
     return {"state": state, "param_groups": groups, "cohorts": cohorts_out}
+
+
+def _local(optimizer: Any) -> Any:
+    """The geoarray optimizer that holds the state: ``ZeroRedundancyOptimizer``'s ``optim`` (this
+    rank's partition of every param group, in the same group order), else ``optimizer``."""
+    if type(optimizer).__name__ == "ZeroRedundancyOptimizer" and hasattr(optimizer, "optim"):
+        return optimizer.optim
+    return optimizer
 
 
 @torch.no_grad()
@@ -307,7 +324,9 @@ def set_optimizer_state_dict(model: Any, optimizer: Any, state_dict: dict) -> No
     """Load a :func:`get_optimizer_state_dict` (after ``dcp.load`` into this run's template) into
     ``optimizer``: hyperparameters, and every cohort's state packed from the parameters' pieces.
     Raises ``ValueError`` naming the mismatch before the optimizer is changed. Collective where the
-    parameters are DTensors."""
+    parameters are DTensors. Under ``ZeroRedundancyOptimizer`` each rank loads the state of its own
+    partition (the checkpoint may come from another number of ranks, or from FSDP or one process)."""
+    outer, local = optimizer, _local(optimizer)
     names = _names(model, optimizer)
     saved_groups, saved_cohorts = state_dict.get("param_groups"), state_dict.get("cohorts")
     if not isinstance(saved_groups, list) or len(saved_groups) != len(optimizer.param_groups):
@@ -325,14 +344,20 @@ def set_optimizer_state_dict(model: Any, optimizer: Any, state_dict: dict) -> No
                 f"optimizer state dict: param group {gi} holds the state of another optimizer: hyperparameters "
                 f"{sorted(theirs)}, this optimizer's {sorted(ours)}"
             )
+    local_names = _names(model, local)
+    if saved_cohorts is None or local is not outer:
+        # written or read under ZeRO: one cohort per param group (of this rank's partition), as the
+        # first step builds when every parameter has a gradient
+        saved_cohorts = [[listed] if listed else [] for listed in local_names]
     # the saved hyperparameters first (the cohorts' cores are built from them); put back on a refusal
-    before = [dict(group) for group in optimizer.param_groups]
-    for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
+    groups = [*outer.param_groups, *(local.param_groups if local is not outer else ())]
+    before = [dict(group) for group in groups]
+    for group, saved in zip(groups, [*saved_groups, *saved_groups], strict=False):
         group.update({k: v for k, v in saved.items() if k not in _HYPER_SKIP})
     try:
-        optimizer._cohorts = _build(optimizer, names, state_dict, saved_cohorts)
+        local._cohorts = _build(local, local_names, state_dict, saved_cohorts)
     except BaseException:
-        for group, old in zip(optimizer.param_groups, before, strict=True):
+        for group, old in zip(groups, before, strict=True):
             group.clear()
             group.update(old)
         raise
