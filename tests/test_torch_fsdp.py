@@ -21,8 +21,8 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
   would leave the model's parts at different steps);
 * without host reads (``geoarray.set_host_reads("never")``), a step beyond the retraction's doubling
-  budget on one rank's frames only is skipped on every rank too (parameters unchanged, the step and skip
-  counters equal on both ranks);
+  budget on one rank's frames only is skipped on every rank too, and so is a NaN in one rank's gradient
+  (parameters unchanged, the step and skip counters equal on both ranks);
 * FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
 * the README's FSDP2 example runs on 2 ranks and prints what it claims.
 """
@@ -218,6 +218,12 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
             if rank == 0:
                 model.F.grad.to_local().mul_(1e3)
             opt.step()
+            opt.zero_grad()
+            # and a NaN in rank 0's frames' gradient, without host reads (masked, not read)
+            (model(x) - y).square().mean().backward()
+            if rank == 0:
+                model.F.grad.to_local()[0, 0, 0] = float("nan")
+            opt.step()
         finally:
             ga.set_host_reads(previous)
         out["budget_after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
@@ -309,7 +315,7 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             assert torch.equal(v, out["before"][k]), f"{k} changed in a step with a non-finite gradient on rank 0"
         for k, v in out["budget_after"].items():
             assert torch.equal(v, out["budget_before"][k]), f"{k} changed in a step beyond rank 0's doubling budget"
-        assert out["budget_counts"] == (1, 1), f"steps, skipped: {out['budget_counts']}, expected (1, 1) on every rank"
+        assert out["budget_counts"] == (1, 2), f"steps, skipped: {out['budget_counts']}, expected (1, 2) on every rank"
         assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
         assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
 
