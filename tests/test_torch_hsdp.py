@@ -12,7 +12,9 @@ after 4 steps in float64, for Adam and ManifoldMuon:
   replica group (shard 0), which alone holds its state, equal to the single process's;
 * checkpoints (``geoarray.torch.checkpoint`` through ``torch.distributed.checkpoint``) move between
   this 4-rank 2-D run and one process: resumed from a one-process checkpoint and saved for one process,
-  both equal the uninterrupted one-process run to 1e-12.
+  both equal the uninterrupted one-process run to 1e-12; the same for 1-D FSDP over the 4 ranks with
+  three 64×8 weights owned by ranks 0, 1 and 2 (whose cohort layouts differ from rank to rank: the
+  checkpoint's collectives must still pair up).
 """
 
 from __future__ import annotations
@@ -35,6 +37,29 @@ TIMEOUT = 240.0
 def _torch_only(backend):
     if backend.kind != "torch":
         pytest.skip("geoarray.torch needs torch tensors")
+
+
+def _tall():
+    """Three Stiefel(64, 8) weights (a model of the test's batch: 16 inputs, 6 outputs)."""
+    import torch
+
+    import geoarray as ga
+    import geoarray.torch as gt
+
+    class Tall(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            S = ga.Stiefel(64, 8)
+            for k in range(3):
+                setattr(
+                    self, f"W{k}", gt.ManifoldParameter(S.random(20 + k, xp=torch, dtype=torch.float64).contiguous(), S)
+                )
+
+        def forward(self, x):
+            h = torch.cat([x, x, x, x], 1)
+            return sum(torch.tanh(h @ getattr(self, f"W{k}")) for k in range(3))[:, :6]
+
+    return Tall()
 
 
 def _frames_state(opt, F, name: str) -> list:
@@ -81,6 +106,18 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             opt = _optimizer(name, model.parameters())
             _train(opt, model, x, y, HALF)
             _save(f"{out_dir}/four_{name}", model, opt)
+        # 1-D FSDP over the 4 ranks, three 64×8 weights cut by rows (owners: ranks 0, 1, 2): each rank's
+        # layout stacks the weights it owns apart from those it does not, differently on each rank
+        flat = init_device_mesh("cpu", (WORLD,))
+        model = gt.fully_shard(_tall(), mesh=flat)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _load(f"{out_dir}/one_tall", model, opt)
+        _train(opt, model, x, y, HALF)
+        out["tall resumed"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        model = gt.fully_shard(_tall(), mesh=flat)
+        opt = gt.Adam(model.parameters(), lr=0.02)
+        _train(opt, model, x, y, HALF)
+        _save(f"{out_dir}/four_tall", model, opt)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.barrier()  # no rank tears the group down while another still uses it
@@ -106,7 +143,27 @@ def test_hsdp_on_a_2d_mesh_steps_like_one_process_and_checkpoints_across_world_s
         _train(opt, model, x, y, HALF)
         _save(tmp_path / f"one_{name}", model, opt)
 
+    model = _tall()
+    opt = _optimizer("Adam", model.parameters())
+    _train(opt, model, x, y, N_STEPS)
+    reference["tall"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model = _tall()
+    opt = _optimizer("Adam", model.parameters())
+    _train(opt, model, x, y, HALF)
+    _save(tmp_path / "one_tall", model, opt)
+
     ranks = run_ranks(_worker, tmp_path, WORLD, TIMEOUT, "HSDP")
+
+    # 1-D FSDP on 4 ranks, owners 0, 1, 2 of the three tall weights: 1 → 4 and 4 → 1
+    for out in ranks:
+        for k, v in out["tall resumed"].items():
+            torch.testing.assert_close(v, reference["tall"][k], rtol=0, atol=1e-12, msg=f"1→4 tall: {k}")
+    model = _tall()
+    opt = _optimizer("Adam", model.parameters())
+    _load(tmp_path / "four_tall", model, opt)
+    _train(opt, model, x, y, HALF)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, reference["tall"][k], rtol=0, atol=1e-12, msg=f"4→1 tall: {k}")
 
     for name in NAMES:
         ref = reference[name]

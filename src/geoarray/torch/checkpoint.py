@@ -290,15 +290,21 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
             modes, owners = _modes(optimizer, group, params)
             slots = _slots(cohort.state)  # refuses a state without a layout
             layout = cohort.state.layout
+            pieces = []
             for slot, g, leaf, _ in slots:
-                shared = _distinct(leaf, seen) if g is None else None  # one tensor under every parameter
-                for j, (i, p, mode) in enumerate(zip(cohort.indices, params, modes, strict=True)):
-                    entry = state.setdefault(names[gi][i], {})
-                    if g is None:
-                        entry[slot] = shared
-                    elif j in layout.groups[g].indices:
-                        piece = _unpack(layout.groups[g], leaf, j, layout.shapes)
-                        entry[slot] = _export(piece, p, mode, owners.get(id(p)), seen)
+                if g is None:
+                    shared = _distinct(leaf, seen)  # one tensor under every parameter
+                    for i in cohort.indices:
+                        state.setdefault(names[gi][i], {})[slot] = shared
+                else:
+                    grp = layout.groups[g]
+                    pieces += [(j, slot, _unpack(grp, leaf, j, layout.shapes)) for j in grp.indices]
+            # in the same order on every rank (the collectives of owned matrices must pair up): the
+            # layout's groups are not — they stack the matrices a rank owns apart from those it does not
+            for j, slot, piece in sorted(pieces, key=lambda t: (t[0], t[1])):
+                p = params[j]
+                entry = state.setdefault(names[gi][cohort.indices[j]], {})
+                entry[slot] = _export(piece, p, modes[j], owners.get(id(p)), seen)
             listed.append([names[gi][i] for i in cohort.indices])
         cohorts_out.append(listed)
     if outer is not optimizer:  # ZeRO: this rank's part of each group; the cohorts are the default ones
@@ -376,23 +382,27 @@ def _build(optimizer: Any, names: list, state_dict: dict, saved_cohorts: list) -
             modes, owners = _modes(optimizer, group, params)
             layout = cohort.state.layout
             paths, _, treedef = optree.tree_flatten_with_path(cohort.state)
-            values = {}
+            values, wanted = {}, []
             for slot, g, leaf, path in _slots(cohort.state):
                 if g is None:
                     values[path] = _shared(state_dict, [names[gi][i] for i in indices], slot, leaf)
-                    continue
-                grp = layout.groups[g]
-                pieces = {}
-                for j in grp.indices:
-                    fqn, p = names[gi][indices[j]], params[j]
-                    entry = state_dict["state"].get(fqn, {})
-                    if slot not in entry:
-                        raise ValueError(
-                            f"optimizer state dict has no state {slot!r} for {fqn!r}: it was written by another "
-                            "optimizer, or with other cohorts"
-                        )
-                    like_piece = _unpack(grp, leaf, j, layout.shapes)
-                    pieces[j] = _import(entry[slot], like_piece, p, modes[j], owners.get(id(p)), f"{fqn}[{slot!r}]")
+                else:
+                    grp = layout.groups[g]
+                    wanted += [(j, slot, path, grp, _unpack(grp, leaf, j, layout.shapes)) for j in grp.indices]
+            got: dict = {}
+            for j, slot, path, grp, like_piece in sorted(wanted, key=lambda t: (t[0], t[1])):  # as in get_…
+                fqn, p = names[gi][indices[j]], params[j]
+                entry = state_dict["state"].get(fqn, {})
+                if slot not in entry:
+                    raise ValueError(
+                        f"optimizer state dict has no state {slot!r} for {fqn!r}: it was written by another "
+                        "optimizer, or with other cohorts"
+                    )
+                where = f"{fqn}[{slot!r}]"
+                got.setdefault(path, (grp, {}))[1][j] = _import(
+                    entry[slot], like_piece, p, modes[j], owners.get(id(p)), where
+                )
+            for path, (grp, pieces) in got.items():
                 values[path] = _pack(grp, pieces)
             cohort.state = optree.tree_unflatten(treedef, [values[path] for path in paths])
             cohort.key = optimizer._hyper_key(group)
