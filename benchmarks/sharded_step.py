@@ -27,8 +27,13 @@ Printed per set, rank count and optimizer (one fresh process group per row):
   after the steps, max over ranks: what forward, backward and step added at their peak;
 * ``step ms``: median ``opt.step()`` time — indicative only on a shared 2-core machine (ranks share it).
 
+``--host-reads never`` runs every rank under ``geoarray.set_host_reads("never")``: the step does the
+fixed, masked work it does on a GPU, and the ranks agree on the step's outcome after it (one 4-byte
+all-reduce, as with reads on the gradients before it; ``geoarray.torch._dtensor.Views.agree``).
+
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/sharded_step.py [--worlds 1 2 4]
-        [--sets vit gpt gpt-tall] [--steps 2] [--batch 8] [--dtype float32] [--json out.json]
+        [--sets vit gpt gpt-tall] [--steps 2] [--batch 8] [--dtype float32] [--host-reads cpu|never]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -185,9 +190,11 @@ def _worker(rank: int, world: int, port: int, kind: str, which: str, args: dict,
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    import geoarray as ga
     import geoarray.torch as gt
 
     torch.set_num_threads(1)
+    ga.set_host_reads(args["host_reads"])
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=600)
     )
@@ -233,6 +240,7 @@ def _worker(rank: int, world: int, port: int, kind: str, which: str, args: dict,
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
     finally:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 
@@ -269,8 +277,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--host-reads",
+        default="cpu",
+        choices=["cpu", "never"],
+        help="geoarray.set_host_reads in every rank ('never': the masked steps of a GPU)",
+    )
     a = parser.parse_args(argv)
-    args = {"steps": a.steps, "batch": a.batch, "dtype": a.dtype}
+    args = {"steps": a.steps, "batch": a.batch, "dtype": a.dtype, "host_reads": a.host_reads}
     rows = []
     for kind in a.sets:
         layers, k, N, n, stacked, ff = SETS[kind]

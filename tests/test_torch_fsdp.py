@@ -20,6 +20,9 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
 * a per-rank ``state_dict`` resumed after 2 steps gives the same next 2 steps bit for bit;
 * a non-finite gradient in one rank's shard only skips the step on every rank (a rank stepping alone
   would leave the model's parts at different steps);
+* without host reads (``geoarray.set_host_reads("never")``), a step beyond the retraction's doubling
+  budget on one rank's frames only is skipped on every rank too, and so is a NaN in one rank's gradient
+  (parameters unchanged, the step and skip counters equal on both ranks);
 * FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
 * the FSDP2 example of docs/frameworks.md (moved from the README) runs on 2 ranks and prints what it claims.
 """
@@ -203,6 +206,29 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
             warnings.simplefilter("ignore")  # the core's NonFiniteGradientWarning
             opt.step()
         out["after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        # without host reads, a step beyond the retraction's doubling budget on rank 0's frames only
+        # (their gradient ×10³ there): rank 0's core skips it, and so must every rank
+        model = gt.fully_shard(_model(), mesh=mesh)
+        opt = gt.SGD(model.parameters(), lr=0.05)
+        _train(opt, model, x, y, 1)
+        out["budget_before"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        previous = ga.set_host_reads("never")
+        try:
+            (model(x) - y).square().mean().backward()
+            if rank == 0:
+                model.F.grad.to_local().mul_(1e3)
+            opt.step()
+            opt.zero_grad()
+            # and a NaN in rank 0's frames' gradient, without host reads (masked, not read)
+            (model(x) - y).square().mean().backward()
+            if rank == 0:
+                model.F.grad.to_local()[0, 0, 0] = float("nan")
+            opt.step()
+        finally:
+            ga.set_host_reads(previous)
+        out["budget_after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        state = opt._cohorts[0][0].state
+        out["budget_counts"] = (int(state.step), int(state.skipped))
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.barrier()  # no rank tears the group down while another still uses it
@@ -287,6 +313,9 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             assert torch.equal(v, out["Adam"]["params"][k]), f"resumed {k}"
         for k, v in out["after"].items():
             assert torch.equal(v, out["before"][k]), f"{k} changed in a step with a non-finite gradient on rank 0"
+        for k, v in out["budget_after"].items():
+            assert torch.equal(v, out["budget_before"][k]), f"{k} changed in a step beyond rank 0's doubling budget"
+        assert out["budget_counts"] == (1, 2), f"steps, skipped: {out['budget_counts']}, expected (1, 2) on every rank"
         assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
         assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
 

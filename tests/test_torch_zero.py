@@ -9,13 +9,23 @@ Properties: after N steps both ranks hold bit-identical parameters (the same bro
 to a single-process run of C on the full batch to 1e-12 (float64: the gradients are all-reduced sums,
 which round differently from the single-process ones), the Stiefel weight is a point of the manifold,
 and each rank's optimizer holds state for a strict subset of the parameters (the sharding happened).
+
+Resuming across world sizes (``geoarray.torch.checkpoint`` with ``torch.distributed.checkpoint``; ZeRO's
+own ``consolidate_state_dict`` keeps torch's per-parameter ``"state"`` only, which geoarray's optimizers
+leave empty): a one-process checkpoint after 2 steps resumed on the 2 ZeRO ranks, and the 2 ranks'
+checkpoint resumed in one process, both equal the uninterrupted single-process run to 1e-12.
+
+A known gap, stated as an expected failure: a skipped step (a NaN gradient) is skipped by the rank
+whose partition holds the NaN only.
 """
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import pytest
+from test_torch_checkpoint import _load, _save
 
 from _distributed import run_ranks
 
@@ -31,6 +41,7 @@ OPTIMIZERS = {
     "Gradient": {"lr": 0.05},
     "ManifoldMuon": {"lr": 0.02},
 }
+RESUMED = ("Adam", "ManifoldMuon")  # checkpoints across world sizes (geoarray.torch.checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -69,9 +80,12 @@ def _batch():
 
 
 def _train(opt, step_module, x, y) -> None:
-    for _ in range(N_STEPS):
-        loss = (step_module(x) - y).square().mean()
-        loss.backward()
+    _steps(opt, step_module, x, y, N_STEPS)
+
+
+def _steps(opt, step_module, x, y, n: int) -> None:
+    for _ in range(n):
+        (step_module(x) - y).square().mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -99,19 +113,62 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
             local = opt.optim  # this rank's geoarray optimizer over its shard of the parameters
             n_local = sum(len(group["params"]) for group in local.param_groups)
             out[name] = ({k: v.detach().clone() for k, v in model.state_dict().items()}, n_local)
+        for name in RESUMED:
+            # 1 → 2: the single process's checkpoint, each rank loading the state of its partition
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(gt, name), **OPTIMIZERS[name])
+            _load(f"{out_dir}/one_{name}", model, opt)
+            _steps(opt, DistributedDataParallel(model), x[shard], y[shard], N_STEPS // 2)
+            resumed = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            # 2 → 1
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=getattr(gt, name), **OPTIMIZERS[name])
+            _steps(opt, DistributedDataParallel(model), x[shard], y[shard], N_STEPS // 2)
+            _save(f"{out_dir}/two_{name}", model, opt)
+            out[f"resumed {name}"] = resumed
+        # a NaN in B's gradient (everywhere, as after DDP's all-reduce) in the second step
+        model = _model()
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=gt.Adam, lr=0.05)
+        ddp = DistributedDataParallel(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the skip's NonFiniteGradientWarning
+            for k in range(2):
+                (ddp(x[shard]) - y[shard]).square().mean().backward()
+                if k == 1:
+                    model.B.grad[0, 0] = float("nan")
+                opt.step()
+                opt.zero_grad()
+        out["nan counts"] = [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs]
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 
-def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
+@pytest.fixture(scope="module")
+def zero_run(backend, tmp_path_factory):
+    """The spawned 2-rank run (once for the module) and its directory, with the one-process checkpoints."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+    import geoarray.torch as gt
+
+    tmp_path = tmp_path_factory.mktemp("zero")
+    for name in RESUMED:  # 2 steps in one process, saved for the 2 ranks
+        model = _model()
+        opt = getattr(gt, name)(model.parameters(), **OPTIMIZERS[name])
+        x, y = _batch()
+        _steps(opt, model, x, y, N_STEPS // 2)
+        _save(tmp_path / f"one_{name}", model, opt)
+    return run_ranks(_zero_worker, tmp_path, WORLD, TIMEOUT, "ZeRO"), tmp_path
+
+
+def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(zero_run):
     import torch
 
     import geoarray
     import geoarray.torch as gt
 
-    ranks = run_ranks(_zero_worker, tmp_path, WORLD, TIMEOUT, "ZeRO")
+    ranks, tmp_path = zero_run
     x, y = _batch()
     n_params = len(list(_model().parameters()))
     for name, kwargs in OPTIMIZERS.items():
@@ -125,3 +182,30 @@ def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(tmp_path):
             torch.testing.assert_close(p0[k], single[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
             assert not torch.equal(p0[k], _model().state_dict()[k]), f"{name}: {k} did not train"
         assert geoarray.Stiefel(6, 3).is_point(p0["Y"])
+        if name in RESUMED:
+            # resumed from the single process's checkpoint on 2 ranks, and from the 2 ranks' in one process:
+            # both equal the uninterrupted single-process run to 1e-12
+            for out in ranks:
+                for k in single:
+                    torch.testing.assert_close(
+                        out[f"resumed {name}"][k], single[k], rtol=0, atol=1e-12, msg=f"1→2 {name}: {k}"
+                    )
+            model = _model()
+            opt = getattr(gt, name)(model.parameters(), **kwargs)
+            _load(tmp_path / f"two_{name}", model, opt)
+            _steps(opt, model, x, y, N_STEPS // 2)
+            for k, v in model.state_dict().items():
+                torch.testing.assert_close(v, single[k], rtol=0, atol=1e-12, msg=f"2→1 {name}: {k}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: under ZeRO each rank's optimizer decides a skip (a non-finite gradient; without host reads "
+    "also a step beyond the retraction's doubling budget) over its own partition, so the rank holding B skips "
+    "while the other steps A: a partial step, where one process (and GradScaler over the ZeRO optimizer) skips "
+    "the whole step. Needs Optimizer.step to agree over a process group (one all-reduce of 'took the step').",
+)
+def test_a_skipped_step_is_skipped_on_every_zero_rank(zero_run):
+    ranks, _ = zero_run
+    counts = [out["nan counts"] for out in ranks]
+    assert all(c == [(1, 1)] for c in counts), f"(steps, skipped) per rank: {counts}, one process: (1, 1)"

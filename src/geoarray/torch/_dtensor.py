@@ -23,15 +23,21 @@ its shard depends on *where* the cut is:
   batch in its place and hold no state for it (``"owner"``). Per step, the owner receives
   2·(W−1)/W of the matrix and each other rank 1/W of it. (A tall-skinny QR over the row shards,
   with all-reduces of the n×n pieces, would spread the work of one matrix too; not implemented.)
-  Meshes of more than one dimension, or a cut in another dimension, are gathered on every rank
-  instead (``"all"``: ``DTensor.full_tensor``, a replicated step and state).
+  On a 2-D mesh of HSDP (``(Replicate(), Shard(0))``) the same happens within each replica group
+  (each group's owner steps the matrix, as each replica steps its copy). A cut in another dimension,
+  or cuts along two mesh dimensions, are gathered on every rank instead (``"all"``:
+  ``DTensor.full_tensor``, a replicated step and state).
 * **optimizers whose update is not known to separate** (a :class:`geoarray.torch.Optimizer` around
   a core of your own, which may clip by a global norm; ``section="random"``, whose draws depend on
   the shape of the batch) get every sharded parameter gathered on every rank (``"all"``): exact, the
   state not sharded.
 
 A non-finite gradient skips the step (``on_nonfinite="skip"``); where ranks step different parts,
-they agree on it first: one all-reduce of a 4-byte flag per cohort and step, without a host read.
+they agree on it: one all-reduce of a 4-byte flag per cohort and step, without a host read — on the
+gradients before the step where host reads are allowed, and on the step's outcome after it where
+they are not (:func:`geoarray.set_host_reads`: the core then also skips a step whose new points are
+not finite, beyond the retraction's fixed doubling budget, which each rank sees for its own points
+only; :meth:`Views.agree`).
 
 ``fully_shard`` below is torch's with the manifolds kept: FSDP2 builds new ``nn.Parameter`` objects,
 dropping the :class:`~geoarray.torch.ManifoldParameter` class and its ``manifold``, which it puts
@@ -130,9 +136,23 @@ def _mode(p: Any, optimizer: Any, group: dict) -> str:
             cut_inside = True
     if not cut_inside:
         return "local"
-    if p.device_mesh.ndim == 1 and len(p.placements) == 1 and p.placements[0].dim % p.ndim == 0:
+    if _shard_dim(p) is not None:
         return "owner"
     return "all"
+
+
+def _shard_dim(p: Any) -> int | None:
+    """The mesh dimension along which ``p`` is cut into row blocks, where that is its only cut (FSDP2's
+    ``Shard(0)``; HSDP's ``(Replicate(), Shard(0))``: each replica group holds the whole in row blocks),
+    else None. Owner-stepped parameters are gathered and scattered along it."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    shards = [d for d, pl in enumerate(p.placements) if isinstance(pl, Shard)]
+    if len(shards) != 1 or p.placements[shards[0]].dim % p.ndim != 0:
+        return None
+    if not all(isinstance(pl, Replicate) for d, pl in enumerate(p.placements) if d != shards[0]):
+        return None
+    return shards[0]
 
 
 def _owners(optimizer: Any, group: dict, params: list, modes: list) -> dict:
@@ -148,7 +168,7 @@ def _owners(optimizer: Any, group: dict, params: list, modes: list) -> dict:
         for g in optimizer.param_groups:
             for q in g["params"]:
                 if _is_dtensor(q) and _mode(q, optimizer, g) == "owner":
-                    world = q.device_mesh.size()
+                    world = q.device_mesh.size(_shard_dim(q))
                     load = loads.setdefault(world, [0] * world)
                     r = min(range(world), key=lambda i: (load[i], i))
                     load[r] += q.numel()
@@ -168,8 +188,9 @@ def _gather_to(owner: int, local: torch.Tensor, p: Any) -> torch.Tensor:
     padded shards); elsewhere an empty batch ``(0, *shape)`` for the core to step nothing."""
     import torch.distributed as dist
 
-    group = p.device_mesh.get_group(0)
-    world, me = p.device_mesh.size(), p.device_mesh.get_local_rank(0)
+    d = _shard_dim(p)
+    group = p.device_mesh.get_group(d)
+    world, me = p.device_mesh.size(d), p.device_mesh.get_local_rank(d)
     rows = _chunk_rows(p.shape[0], world)
     padded = local.new_zeros((rows, *p.shape[1:]))
     padded[: local.shape[0]].copy_(local)
@@ -182,20 +203,27 @@ def _gather_to(owner: int, local: torch.Tensor, p: Any) -> torch.Tensor:
 
 def _scatter_from(owner: int, whole: torch.Tensor, p: Any) -> torch.Tensor:
     """This rank's rows of the whole tensor held by rank ``owner`` (``dist.scatter`` of padded chunks)."""
+    return scatter_rows(owner, whole, tuple(p.shape), p, like=p.to_local())
+
+
+def scatter_rows(owner: int, whole: torch.Tensor | None, shape: tuple, p: Any, like: torch.Tensor) -> torch.Tensor:
+    """This rank's ``Shard(0)`` rows (torch.chunk's blocks) of a tensor of ``shape`` held whole by rank
+    ``owner`` along ``p``'s cut mesh dimension (``dist.scatter`` of padded blocks); ``like`` gives the
+    dtype and device."""
     import torch.distributed as dist
 
-    group = p.device_mesh.get_group(0)
-    world, me = p.device_mesh.size(), p.device_mesh.get_local_rank(0)
-    rows = _chunk_rows(p.shape[0], world)
-    local = p.to_local()
-    out = local.new_empty((rows, *p.shape[1:]))
+    d = _shard_dim(p)
+    group = p.device_mesh.get_group(d)
+    world, me = p.device_mesh.size(d), p.device_mesh.get_local_rank(d)
+    rows = _chunk_rows(shape[0], world)
+    out = like.new_empty((rows, *shape[1:]))
     chunks = None
     if me == owner:
-        padded = whole.new_zeros((rows * world, *p.shape[1:]))
-        padded[: p.shape[0]].copy_(whole)
+        padded = whole.new_zeros((rows * world, *shape[1:]))
+        padded[: shape[0]].copy_(whole)
         chunks = list(padded.split(rows))
     dist.scatter(out, chunks, src=dist.get_global_rank(group, owner), group=group)
-    return out[: local.shape[0]]
+    return out[: max(0, min(rows, shape[0] - me * rows))]
 
 
 class Views:
@@ -207,10 +235,16 @@ class Views:
         self.params, self.modes, self.owners = params, modes, owners
         self.leaves = [self._plain(p, mode, p.detach()) for p, mode in zip(params, modes, strict=True)]
         self.grads = None
+        self._agree_after = False  # True: the ranks agree on taking the step after it (agree())
         if grads:
             self.grads = [self._plain(p, mode, p.grad) for p, mode in zip(params, modes, strict=True)]
-            if check_finite:
-                self._agree_on_finiteness()
+            if check_finite and any(mode in ("local", "owner") for mode in modes):
+                from .._backend import host_reads_allowed
+
+                if host_reads_allowed(self.grads[0]):
+                    self._agree_on_finiteness()
+                else:
+                    self._agree_after = True
 
     def _plain(self, p: Any, mode: str, t: Any) -> torch.Tensor:
         if mode == "plain":
@@ -242,6 +276,31 @@ class Views:
         k = next((k for k in own if self.grads[k].numel()), own[0])
         g = self.grads[k]
         self.grads[k] = g + torch.where(flag.bool(), 0.0, float("nan")).to(g.dtype)
+
+    def agree(self, old_state: Any, new: list, new_state: Any) -> tuple[list, Any]:
+        """Without host reads (:func:`geoarray.set_host_reads`), the core also skips a step whose new
+        points are not finite — one beyond the retraction's fixed doubling budget — and decides that
+        from this rank's points only: a rank that skipped while the others stepped would leave its
+        parts of the model, and its step counter, behind. So the ranks agree after the step, not on
+        the gradients before it: one all-reduce (MIN) of "this rank took its step" (its ``skipped``
+        count did not grow: a non-finite gradient or new point), and where any rank did not, every
+        rank keeps its old values and state and counts the step skipped — selected on the device, no
+        host read. Returns the values and state to keep."""
+        if not self._agree_after:
+            return new, new_state
+        import torch.distributed as dist
+
+        took = (new_state.skipped == old_state.skipped).to(torch.int32)
+        own = next(k for k, mode in enumerate(self.modes) if mode in ("local", "owner"))
+        mesh = self.params[own].device_mesh
+        for d in range(mesh.ndim):
+            dist.all_reduce(took, op=dist.ReduceOp.MIN, group=mesh.get_group(d))
+        every = took.bool()
+        new = [torch.where(every, n, o) for n, o in zip(new, self.leaves, strict=True)]
+        import optree
+
+        kept = optree.tree_map(lambda n, o: torch.where(every, n, o), new_state, old_state)
+        return new, kept._replace(skipped=old_state.skipped + (1 - took).to(old_state.skipped.dtype))
 
     def write(self, new: list) -> None:
         targets, values = [], []

@@ -410,6 +410,8 @@ class Optimizer(torch.optim.Optimizer):
             # shapes, dtypes and devices were checked by _plan against this cohort's state: the
             # core's own check of the same (about 0.1 ms on 41 parameters) is skipped
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
+            if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
+                new, state = sharded.agree(cohort.state, new, state)
             results.append((params, new, cohort, state, sharded))
         for params, new, cohort, state, sharded in results:
             if sharded is None:
