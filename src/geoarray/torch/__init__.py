@@ -43,14 +43,20 @@ drops). A stack of frames sharded along its batch axis is stepped frame by frame
 it, with its state there and no communication; a weight cut inside a matrix (a tall Stiefel weight by
 rows; a Euclidean matrix under Muon) is gathered to an owner rank, stepped whole there with its state,
 and scattered back; under a core of your own everything is gathered on every rank (:mod:`._dtensor`).
-Equal to one process to 1e-12 in float64. A sharded ``state_dict`` holds this rank's state: resume it
-on the same world size. Tensor parallelism with other placements goes the same way (cuts between points local,
+Equal to one process to 1e-12 in float64; HSDP's 2-D meshes (replicas × shards) too, the owner of a
+cut matrix then chosen within each replica group (``tests/test_torch_hsdp.py``, 4 processes). Without
+host reads (:func:`geoarray.set_host_reads`) the ranks agree after the step whether it was taken (one
+4-byte all-reduce), so a step that one rank must skip is skipped on all. A sharded ``state_dict`` holds
+this rank's state and resumes on the same world size; :mod:`.checkpoint`'s
+``get_optimizer_state_dict``/``set_optimizer_state_dict`` with ``torch.distributed.checkpoint`` resume
+on another number of ranks, or in one process (1 ↔ 2 ↔ 4 ranks tested, FSDP2 and ZeRO-1). Tensor
+parallelism with other placements goes the same way (cuts between points local,
 cuts inside gathered) but is untested.
 """
 
 from __future__ import annotations
 
-from . import nn
+from . import checkpoint, nn
 from ._dtensor import fully_shard
 from .constraints import orthogonal_
 from .optim import (
@@ -81,6 +87,7 @@ __all__ = [
     "Muon",
     "Optimizer",
     "PaperAdam",
+    "checkpoint",
     "fully_shard",
     "manifold_of",
     "nearest_point",
