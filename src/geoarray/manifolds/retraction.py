@@ -252,10 +252,9 @@ def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) ->
     def general(Z: Array) -> Array:
         return Z @ _phi1_bounded(Z, bound, xp, max_doublings) + eye
 
-    if not _backend.is_jax(xp) and not _backend.is_traced(bound) and not _backend.host_reads_allowed(bound):
-        return general(A)  # fixed work without host reads (see _phi1_bounded)
     # the cheapest exp Taylor rule covering the largest bound (one product fewer than I + A·φ₁(A)); beyond
-    # the last rule's θ, I + A·φ₁(A) by scaling and doubling
+    # the last rule's θ, and wherever select cannot choose (fixed work without host reads, torch.compile),
+    # I + A·φ₁(A) by scaling and doubling
     rules = _EXP_RULES["float64" if A.dtype == xp.float64 else "float32"]
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
     branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule, shift=0) for rule in rules]
