@@ -219,6 +219,7 @@ def scatter_rows(owner: int, whole: torch.Tensor | None, shape: tuple, p: Any, l
     out = like.new_empty((rows, *shape[1:]))
     chunks = None
     if me == owner:
+        assert whole is not None, "the owner rank holds the whole tensor"
         padded = whole.new_zeros((rows * world, *shape[1:]))
         padded[: shape[0]].copy_(whole)
         chunks = list(padded.split(rows))
@@ -234,7 +235,7 @@ class Views:
     def __init__(self, params: list, modes: list, owners: dict, *, grads: bool, check_finite: bool = True):
         self.params, self.modes, self.owners = params, modes, owners
         self.leaves = [self._plain(p, mode, p.detach()) for p, mode in zip(params, modes, strict=True)]
-        self.grads = None
+        self.grads: list = []
         self._agree_after = False  # True: the ranks agree on taking the step after it (agree())
         if grads:
             self.grads = [self._plain(p, mode, p.grad) for p, mode in zip(params, modes, strict=True)]
@@ -299,7 +300,7 @@ class Views:
         new = [torch.where(every, n, o) for n, o in zip(new, self.leaves, strict=True)]
         import optree
 
-        kept = optree.tree_map(lambda n, o: torch.where(every, n, o), new_state, old_state)
+        kept: Any = optree.tree_map(lambda n, o: torch.where(every, n, o), new_state, old_state)
         return new, kept._replace(skipped=old_state.skipped + (1 - took).to(old_state.skipped.dtype))
 
     def write(self, new: list) -> None:

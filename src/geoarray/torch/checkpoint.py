@@ -143,7 +143,7 @@ def _slots(state: Any) -> list[tuple[str, int | None, Any, tuple]]:
         )
     nodes = _group_nodes(state, layout)
     paths, leaves, _ = optree.tree_flatten_with_path(state)
-    out = []
+    out: list[tuple[str, int | None, Any, tuple]] = []
     for path, leaf in zip(paths, leaves, strict=True):
         cut = next((n for n in range(len(path)) if path[:n] in nodes), None)
         if cut is None:
@@ -198,16 +198,17 @@ def _export(piece: torch.Tensor, p: Any, mode: str, owner: int | None, seen: set
 
     mesh = p.device_mesh
     if mode == "local":  # the cut is in the dims the piece shares with the parameter: placed as it is
-        shape = list(piece.shape)
+        full = list(piece.shape)
         for pl in p.placements:
             if isinstance(pl, Shard):
-                shape[pl.dim % p.ndim] = p.shape[pl.dim % p.ndim]
-        stride = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+                full[pl.dim % p.ndim] = p.shape[pl.dim % p.ndim]
+        strides = [math.prod(full[d + 1 :]) for d in range(len(full))]
         return DTensor.from_local(
-            piece, mesh, p.placements, run_check=False, shape=torch.Size(shape), stride=tuple(stride)
+            piece, mesh, p.placements, run_check=False, shape=torch.Size(full), stride=tuple(strides)
         )
     # "owner": the whole piece on one rank (of each replica group), an empty batch (0, …) elsewhere;
     # saved in the parameter's row blocks, scattered from the owner
+    assert owner is not None, "an owned parameter has an owner rank"
     d = _dtensor._shard_dim(p)
     mine = mesh.get_local_rank(d) == owner
     shape = tuple(piece.shape) if mine else tuple(piece.shape[1:])
@@ -281,7 +282,7 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
     outer, optimizer = optimizer, _local(optimizer)
     names = _names(model, optimizer)
     state: dict = {}
-    cohorts_out: list | None = []
+    cohorts_out: list = []
     seen: set = set()
     for gi, (group, cohorts) in enumerate(zip(optimizer.param_groups, _cohorts_or_templates(optimizer), strict=True)):
         listed = []
@@ -307,14 +308,15 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
                 entry[slot] = _export(piece, p, modes[j], owners.get(id(p)), seen)
             listed.append([names[gi][i] for i in cohort.indices])
         cohorts_out.append(listed)
+    saved_cohorts: list | None = cohorts_out
     if outer is not optimizer:  # ZeRO: this rank's part of each group; the cohorts are the default ones
-        cohorts_out = None
+        saved_cohorts = None
     outer_names = _names(model, outer)
     groups = [
         {**{k: v for k, v in g.items() if k not in _HYPER_SKIP}, "params": outer_names[gi]}
         for gi, g in enumerate(outer.param_groups)
     ]
-    return {"state": state, "param_groups": groups, "cohorts": cohorts_out}
+    return {"state": state, "param_groups": groups, "cohorts": saved_cohorts}
 
 
 def _local(optimizer: Any) -> Any:

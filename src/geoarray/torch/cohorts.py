@@ -18,7 +18,7 @@ from typing import Any
 import optree
 import torch
 
-from ..optim.riemannian import RiemannianOptimizer, RiemannianState
+from ..optim.riemannian import RiemannianOptimizer
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Cohort", "eager_first_message", "probe_point", "restore_state", "saved_groups"]
 
@@ -34,7 +34,7 @@ class Cohort:
     indices: tuple[int, ...]  # positions in group["params"]
     shapes: tuple[tuple[int, ...], ...]
     core: RiemannianOptimizer
-    state: RiemannianState
+    state: Any  # the core's state (RiemannianState, ManifoldMuonState, …), a pytree
     key: Any  # the hyperparameters the core was built from
     # (dtype, device) of each parameter when the state was built: the state lives there
     where: tuple[tuple[torch.dtype, torch.device], ...] = ()
@@ -66,6 +66,7 @@ def restore_state(cohort: Cohort, entry: dict, gi: int) -> None:
     """Replace ``cohort.state`` (a fresh state of the right structure) by the saved ``entry``'s;
     ``ValueError`` naming the mismatch, changing nothing, if the entry's structure, number, shapes or
     dtypes of tensors differ."""
+    like_leaves: list[Any]
     like_leaves, treedef = optree.tree_flatten(cohort.state)
     if entry["structure"] != str(treedef):
         raise ValueError(

@@ -75,7 +75,10 @@ class LiveHyperparameter:
         self.key, self.index, self.reference = key, index, reference
 
     def __call__(self, t: Any = None) -> Any:
-        value = self._optimizer().param_groups[self._group_index][self.key]
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise RuntimeError(f"the optimizer whose param group {self._group_index} held {self.key!r} was deleted")
+        value = optimizer.param_groups[self._group_index][self.key]
         if self.index is not None:
             value = value[self.index]
         if isinstance(value, torch.Tensor):
@@ -101,6 +104,7 @@ def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformatio
 def core_lr(core: Any) -> float | None:
     """The constant learning rate a core was built with, where it says (``core.lr``), else None."""
     lr = getattr(core, "lr", None)
+    value: Any
     try:
         value = lr(1) if callable(lr) else lr
         value = float(value)
