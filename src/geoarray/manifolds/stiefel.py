@@ -152,7 +152,7 @@ class OrthonormalFrames(Manifold):
         return bool(xp.all(xp.abs(err) <= atol))
 
     def point_error(self, Y: Array) -> float:
-        """max |YᵀY − I| over the batch (0 for an empty batch), in float32 at least."""
+        """``max |YᵀY − I|`` over the batch (0 for an empty batch), in float32 at least."""
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
         if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
@@ -283,7 +283,20 @@ class OrthonormalFrames(Manifold):
 
 
 class Stiefel(OrthonormalFrames):
-    """St(N, n) = {Y ∈ R^{N×n} : YᵀY = I_n}, a homogeneous space of O(N).
+    r"""St(N, n) = {Y ∈ R^{N×n} : YᵀY = I_n}, a homogeneous space of O(N).
+
+    The operations of Algorithm 1 (Brantner, *Generalizing Adam to Manifolds for Efficiently Training
+    Transformers*, eqs. 2, 11, 13 and 17), with the canonical metric and the section λ(Y) = [Y, Q⊥]:
+
+    .. math::
+
+        \operatorname{grad}_Y L = \nabla L - Y \nabla L^\top Y, \qquad
+        \Omega(\Delta) = \left(I - \tfrac12 YY^\top\right)\Delta Y^\top
+            - Y\Delta^\top\left(I - \tfrac12 YY^\top\right),
+
+        \lambda(Y)^{-1}\,\Omega(\Delta)\,\lambda(Y) = \begin{pmatrix} A & -B^\top \\ B & 0 \end{pmatrix}
+            \in \mathfrak g^{\mathrm{hor}},\quad A = Y^\top\Delta,\ B = Q_\perp^\top\Delta,
+        \qquad Y_{\text{new}} = \lambda(Y)\,\exp(W)\,E .
 
     Parameters
     ----------

@@ -397,7 +397,7 @@ class SymplecticStiefel(Manifold):
         return float(_backend.compiled(_point_violation, xp, "xp")(Y, xp=xp)) <= atol
 
     def point_error(self, Y: Array) -> float:
-        """max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖) over the batch (0 for an empty batch): the measure
+        """``max |(Yᵀ𝕁Y − 𝕁)_ij| / max(1, ‖y_i‖‖y_j‖)`` over the batch (0 for an empty batch): the measure
         :meth:`is_point` compares with its tolerance."""
         xp = self._namespace(Y=Y)
         self._check_trailing(Y, "Y", self.point_shape)
