@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from _distributed import run_ranks
+from _distributed import leave, run_ranks
 
 N_STEPS = 4
 WORLD = 2
@@ -230,9 +230,10 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         state = opt._cohorts[0][0].state
         out["budget_counts"] = (int(state.step), int(state.skipped))
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.barrier()  # no rank tears the group down while another still uses it
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_path):
@@ -338,6 +339,7 @@ def _readme_worker(rank: int, port: int, out_dir: str) -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(_readme_block(), str(README), "exec"), {"__name__": "readme"})
     torch.save({"printed": out.getvalue()}, f"{out_dir}/rank{rank}.pt")
+    leave(barrier=False)  # the example destroyed its process group; exit without the objects' teardown
 
 
 def test_readme_fsdp2_example_runs_on_two_ranks(tmp_path):

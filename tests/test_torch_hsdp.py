@@ -25,7 +25,7 @@ import pytest
 from test_torch_checkpoint import _leaves, _load, _save
 from test_torch_fsdp import _batch, _model, _optimizer, _train
 
-from _distributed import run_ranks
+from _distributed import leave, run_ranks
 
 WORLD, REPLICAS, SHARDS = 4, 2, 2
 NAMES = ("Adam", "ManifoldMuon")
@@ -119,9 +119,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         _train(opt, model, x, y, HALF)
         _save(f"{out_dir}/four_tall", model, opt)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.barrier()  # no rank tears the group down while another still uses it
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_hsdp_on_a_2d_mesh_steps_like_one_process_and_checkpoints_across_world_sizes(tmp_path):

@@ -27,7 +27,7 @@ from datetime import timedelta
 import pytest
 from test_torch_checkpoint import _load, _save
 
-from _distributed import run_ranks
+from _distributed import leave, run_ranks
 
 N_STEPS = 4
 WORLD = 2
@@ -140,9 +140,10 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
                 opt.zero_grad()
         out["nan counts"] = [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs]
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.barrier()  # no rank tears the group down while another still uses it
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 @pytest.fixture(scope="module")
