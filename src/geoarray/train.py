@@ -15,8 +15,9 @@ moves the index array once to the data's device and takes the batches with ``xp.
 batch of an epoch may be smaller. The same seed gives the same batches, so a run is deterministic
 for a seed on a deterministic backend.
 
-Checkpoints (``checkpoint_path=DIR``, every ``checkpoint_every`` optimizer steps or at the end of every
-epoch, and after the last step): each is committed as one unit, ``DIR/ckpt-<step>`` holding
+Checkpoints (``checkpoint_path=DIR``, every ``checkpoint_every`` optimizer steps and/or once
+``checkpoint_every_seconds`` have passed since the last one, or at the end of every epoch, and after
+the last step): each is committed as one unit, ``DIR/ckpt-<step>`` holding
 ``params.npz``, ``opt_state.npz`` (:func:`geoarray.optim.save_state`), ``meta.json`` (epoch, batch
 within the epoch, step, seed, history, the epoch's partial loss sum) and a manifest of their SHA-256
 sums, written into a temporary directory, fsync-ed and renamed into place (:mod:`geoarray._checkpoints`).
@@ -36,6 +37,7 @@ completed epochs, the JSON file (``out=``) is written, and the last checkpoint i
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import signal
@@ -96,6 +98,28 @@ def _positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | N
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"fit: {name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def _interval_seconds(value: Any) -> float | None:
+    """``checkpoint_every_seconds``: None, a finite number of seconds > 0, or a ``datetime.timedelta``
+    (Lightning's ``train_time_interval``)."""
+    if value is None:
+        return None
+    fix = "give a finite number of seconds > 0 (e.g. 600 or datetime.timedelta(minutes=10)), or None"
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"fit: checkpoint_every_seconds must be a number of seconds, got {value!r}; {fix}")
+    else:
+        seconds = float(value)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"fit: checkpoint_every_seconds must be positive and finite, got {value!r}; {fix}")
+    return seconds
+
+
+def _monotonic() -> float:
+    """The clock of ``checkpoint_every_seconds`` (a module function so that tests can replace it)."""
+    return time.monotonic()
 
 
 def _check_pair(data: Any, name: str) -> tuple[Array, Array, Any, int]:
@@ -228,6 +252,7 @@ def fit(
     grad: str = "auto",
     out: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
+    checkpoint_every_seconds: float | datetime.timedelta | None = None,
     checkpoint_path: str | os.PathLike | None = None,
     keep: int | None = 3,
     resume: bool = False,
@@ -250,8 +275,11 @@ def fit(
     update with ``jax.jit`` (falling back to eager where tracing fails); other backends run eagerly.
 
     Checkpoints: with ``checkpoint_path=DIR`` a checkpoint is committed every ``checkpoint_every``
-    optimizer steps (default: at the end of every epoch) and after the last step, keeping the ``keep``
-    newest (:func:`save_checkpoint`). ``resume=True`` continues from the newest intact checkpoint in
+    optimizer steps, after the first step that ends ``checkpoint_every_seconds`` (seconds or a
+    ``datetime.timedelta``, on ``time.monotonic``) after the last checkpoint or the start of this call,
+    whichever comes first when both are given (default: at the end of every epoch), and after the last
+    step, keeping the ``keep`` newest (:func:`save_checkpoint`). Where a checkpoint falls does not change
+    the result: a run resumed from any step ends bit-identical. ``resume=True`` continues from the newest intact checkpoint in
     DIR (skipping damaged ones with a warning) at its epoch and step, with the same batches, so the
     result is bit-identical to an uninterrupted run; ``params`` and ``opt_state`` (or
     ``optimizer.init``) then only give the layout, dtypes and devices; an empty DIR starts afresh.
@@ -263,9 +291,11 @@ def fit(
     epochs = _positive_int(epochs, "epochs")
     batch_size = _positive_int(batch_size, "batch_size")
     checkpoint_every = _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    checkpoint_every_seconds = _interval_seconds(checkpoint_every_seconds)
     keep = _positive_int(keep, "keep", allow_none=True)
-    if checkpoint_every is not None and checkpoint_path is None:
-        raise ValueError("fit: checkpoint_every needs checkpoint_path (a directory)")
+    for name, value in (("checkpoint_every", checkpoint_every), ("checkpoint_every_seconds", checkpoint_every_seconds)):
+        if value is not None and checkpoint_path is None:
+            raise ValueError(f"fit: {name}={value!r} needs checkpoint_path (a directory); pass checkpoint_path=DIR")
     if not isinstance(resume, bool):
         raise TypeError(f"fit: resume must be True or False, got {resume!r}")
     if resume and checkpoint_path is None:
@@ -335,6 +365,7 @@ def fit(
             result.checkpoint = save_checkpoint(
                 checkpoint_path, result.params, result.opt_state, meta, step=result.steps, keep=keep
             )
+            last_saved[0] = _monotonic()
         except OSError as exc:
             exc.fit_result = result
             try:
@@ -343,8 +374,12 @@ def fit(
                 pass  # the checkpoint's error is the one to report
             raise
 
+    last_saved = [_monotonic()]  # when the last checkpoint was committed (or this call started)
+
     def due() -> bool:
-        return checkpoint_every is not None and result.steps % checkpoint_every == 0
+        if checkpoint_every is not None and result.steps % checkpoint_every == 0:
+            return True
+        return checkpoint_every_seconds is not None and _monotonic() - last_saved[0] >= checkpoint_every_seconds
 
     try:
         with _StopFlag() as stop:
@@ -385,7 +420,8 @@ def fit(
                 record["seconds"] = time.perf_counter() - t0
                 history.append(record)
                 write_out()
-                if checkpoint_path is not None and (checkpoint_every is None or due() or epoch == epochs):
+                periodic = checkpoint_every is not None or checkpoint_every_seconds is not None
+                if checkpoint_path is not None and (not periodic or due() or epoch == epochs):
                     checkpoint(epoch, 0, 0.0, 0, 0.0)
     except KeyboardInterrupt:
         result.interrupted = True
