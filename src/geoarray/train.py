@@ -278,11 +278,11 @@ def fit(
     optimizer steps, after the first step that ends ``checkpoint_every_seconds`` (seconds or a
     ``datetime.timedelta``, on ``time.monotonic``) after the last checkpoint or the start of this call,
     whichever comes first when both are given (default: at the end of every epoch), and after the last
-    step, keeping the ``keep`` newest (:func:`save_checkpoint`). Where a checkpoint falls does not change
-    the result: a run resumed from any step ends bit-identical. ``resume=True`` continues from the newest intact checkpoint in
-    DIR (skipping damaged ones with a warning) at its epoch and step, with the same batches, so the
-    result is bit-identical to an uninterrupted run; ``params`` and ``opt_state`` (or
-    ``optimizer.init``) then only give the layout, dtypes and devices; an empty DIR starts afresh.
+    step, keeping the ``keep`` newest (:func:`save_checkpoint`). ``resume=True`` continues from the
+    newest intact checkpoint in DIR (skipping damaged ones with a warning) at its epoch and step, with
+    the same batches, so the result is bit-identical to an uninterrupted run, wherever the checkpoints
+    fell; ``params`` and ``opt_state`` (or ``optimizer.init``) then only give the layout, dtypes and
+    devices; an empty DIR starts afresh.
     Without ``resume`` a DIR that already holds checkpoints is refused. A save that the file system
     refuses raises its ``OSError`` (naming DIR; the previous checkpoint intact) with the result up to
     that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
