@@ -117,6 +117,24 @@ def _interval_seconds(value: Any) -> float | None:
     return seconds
 
 
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"fit: {name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _path_arg(value: Any, name: str, what: str) -> str | None:
+    """``out`` or ``checkpoint_path``: None, or a non-empty str / bytes / os.PathLike (as a str)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"fit: {name} must be a path ({what}: a str or os.PathLike) or None, got {value!r}")
+    path = os.fsdecode(os.fspath(value))
+    if not path:
+        raise ValueError(f"fit: {name} must be a path ({what}), got an empty one; give a path or None")
+    return path
+
+
 def _monotonic() -> float:
     """The clock of ``checkpoint_every_seconds`` (a module function so that tests can replace it)."""
     return time.monotonic()
@@ -298,6 +316,15 @@ def fit(
             raise ValueError(f"fit: {name}={value!r} needs checkpoint_path (a directory); pass checkpoint_path=DIR")
     if not isinstance(resume, bool):
         raise TypeError(f"fit: resume must be True or False, got {resume!r}")
+    progress, jit = _flag(progress, "progress"), _flag(jit, "jit")
+    out = _path_arg(out, "out", "the JSON file of the history")
+    if out is not None and os.path.isdir(out):
+        raise ValueError(f"fit: out {out!r} is a directory; give the path of the JSON file to write")
+    checkpoint_path = _path_arg(checkpoint_path, "checkpoint_path", "a directory")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"fit: callback must be callable (it is called with a dict after every step), got {callback!r}")
+    if metrics is not None and not isinstance(metrics, Mapping):
+        raise TypeError(f"fit: metrics must be a dict from name to metric function, got {metrics!r}")
     if resume and checkpoint_path is None:
         raise ValueError("fit: resume=True needs checkpoint_path (the directory of the run's checkpoints)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -310,6 +337,8 @@ def fit(
     if metrics and val_data is None:
         raise ValueError(f"fit: metrics {sorted(metrics)} are evaluated on val_data, which is None")
     for name, fn in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"fit: metrics' names must be strings (they key the history), got {name!r}")
         if not callable(fn):
             raise TypeError(f"fit: metrics[{name!r}] must be callable, got {type(fn).__name__}")
     if checkpoint_path is not None:
