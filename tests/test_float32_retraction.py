@@ -1,5 +1,5 @@
-"""float32 retracted points end with one Björck step (``manifolds.retraction.bjorck_step``); float64 ones
-do not (their results are unchanged bit for bit).
+"""float32 retracted points end with one Björck step (``manifolds.retraction.bjorck_step``; not after a
+packed section); float64 ones do not (their results are unchanged bit for bit).
 
 Applying the Householder section Q = I − VTVᵀ to g(W)E in float32 cancels O(1) terms into entries of
 size N^-½: on 32 × Stiefel(49, 7) that left max|YᵀY − I| ≈ 1.5–2e-6 after every step, the floor that
@@ -11,8 +11,8 @@ Checked on every backend:
 * a float32 retraction of an Adam-sized step lands within 8e-7 of orthonormal (≈ 13 float32 unit
   roundoffs), also from a point that has drifted to 1e-4 (the section does not carry the drift over,
   and neither does the Björck step). Without the Björck step this fails on NumPy, array-api-strict and
-  JAX (compact-WY section: 1.4–1.7e-6) and passes on torch, whose packed section (LAPACK's ormqr)
-  leaves ≈ 6e-7;
+  JAX (compact-WY section: 1.4–1.7e-6); eager torch with 16 or more frames uses the packed section
+  (LAPACK's ormqr), which leaves ≈ 6e-7 and takes no Björck step;
 * float64 retractions never call it (patched to raise), so float64 trajectories are what they were.
 """
 

@@ -218,7 +218,8 @@ class OrthonormalFrames(Manifold):
     def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
         """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
         with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step. A
-        float32 result ends with one Björck step (:func:`~geoarray.manifolds.retraction.bjorck_step`)."""
+        float32 result ends with one Björck step (:func:`~geoarray.manifolds.retraction.bjorck_step`),
+        except from a packed section, whose application is accurate enough without it."""
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
@@ -228,8 +229,11 @@ class OrthonormalFrames(Manifold):
         kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
         Y = lam.apply_blocks(top, bottom)
-        # float32: applying the section leaves |YᵀY − I| ≈ 30 roundoffs at every step; the Björck step ≈ 5
-        return bjorck_step(Y, xp) if Y.dtype == xp.float32 else Y
+        # float32: applying the compact-WY section leaves |YᵀY − I| ≈ 30 roundoffs at every step, the
+        # Björck step ≈ 6; LAPACK's packed application (ormqr) ≈ 10 already, where it is not worth its cost
+        if Y.dtype == xp.float32 and not isinstance(lam, PackedHouseholderSection):
+            return bjorck_step(Y, xp)
+        return Y
 
     def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
         """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k)).
