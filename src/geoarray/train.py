@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _io
+from . import _train_args as _args
 from ._checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 __all__ = [
@@ -92,70 +93,9 @@ class FitResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"fit: {name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _interval_seconds(value: Any) -> float | None:
-    """``checkpoint_every_seconds``: None, a finite number of seconds > 0, or a ``datetime.timedelta``
-    (Lightning's ``train_time_interval``)."""
-    if value is None:
-        return None
-    fix = "give a finite number of seconds > 0 (e.g. 600 or datetime.timedelta(minutes=10)), or None"
-    if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"fit: checkpoint_every_seconds must be a number of seconds, got {value!r}; {fix}")
-    else:
-        seconds = float(value)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"fit: checkpoint_every_seconds must be positive and finite, got {value!r}; {fix}")
-    return seconds
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"fit: {name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _path_arg(value: Any, name: str, what: str) -> str | None:
-    """``out`` or ``checkpoint_path``: None, or a non-empty str / bytes / os.PathLike (as a str)."""
-    if value is None:
-        return None
-    if not isinstance(value, (str, bytes, os.PathLike)):
-        raise TypeError(f"fit: {name} must be a path ({what}: a str or os.PathLike) or None, got {value!r}")
-    path = os.fsdecode(os.fspath(value))
-    if not path:
-        raise ValueError(f"fit: {name} must be a path ({what}), got an empty one; give a path or None")
-    return path
-
-
 def _monotonic() -> float:
     """The clock of ``checkpoint_every_seconds`` (a module function so that tests can replace it)."""
     return time.monotonic()
-
-
-def _check_pair(data: Any, name: str) -> tuple[Array, Array, Any, int]:
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise TypeError(f"fit: {name} must be a pair (inputs, targets), got {type(data).__name__}")
-    inputs, targets = data
-    xp = _backend.array_namespace(**{f"{name}[0]": inputs, f"{name}[1]": targets})
-    if inputs.ndim < 1 or targets.ndim < 1:
-        raise ValueError(f"fit: {name} arrays need a sample axis first, got shapes {inputs.shape} and {targets.shape}")
-    n = inputs.shape[0]
-    if targets.shape[0] != n:
-        raise ValueError(
-            f"fit: {name} inputs and targets must have the same number of samples (axis 0), "
-            f"got {inputs.shape[0]} and {targets.shape[0]}"
-        )
-    if n < 1:
-        raise ValueError(f"fit: {name} holds no samples")
-    return inputs, targets, xp, int(n)
 
 
 def _resolve_grad(grad: str, xp: Any) -> str:
@@ -306,21 +246,21 @@ def fit(
     that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
     docstring for batches and Ctrl-C.
     """
-    epochs = _positive_int(epochs, "epochs")
-    batch_size = _positive_int(batch_size, "batch_size")
-    checkpoint_every = _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
-    checkpoint_every_seconds = _interval_seconds(checkpoint_every_seconds)
-    keep = _positive_int(keep, "keep", allow_none=True)
+    epochs = _args.positive_int(epochs, "epochs")
+    batch_size = _args.positive_int(batch_size, "batch_size")
+    checkpoint_every = _args.positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    checkpoint_every_seconds = _args.interval_seconds(checkpoint_every_seconds)
+    keep = _args.positive_int(keep, "keep", allow_none=True)
     for name, value in (("checkpoint_every", checkpoint_every), ("checkpoint_every_seconds", checkpoint_every_seconds)):
         if value is not None and checkpoint_path is None:
             raise ValueError(f"fit: {name}={value!r} needs checkpoint_path (a directory); pass checkpoint_path=DIR")
     if not isinstance(resume, bool):
         raise TypeError(f"fit: resume must be True or False, got {resume!r}")
-    progress, jit = _flag(progress, "progress"), _flag(jit, "jit")
-    out = _path_arg(out, "out", "the JSON file of the history")
+    progress, jit = _args.flag(progress, "progress"), _args.flag(jit, "jit")
+    out = _args.path_arg(out, "out", "the JSON file of the history")
     if out is not None and os.path.isdir(out):
         raise ValueError(f"fit: out {out!r} is a directory; give the path of the JSON file to write")
-    checkpoint_path = _path_arg(checkpoint_path, "checkpoint_path", "a directory")
+    checkpoint_path = _args.path_arg(checkpoint_path, "checkpoint_path", "a directory")
     if callback is not None and not callable(callback):
         raise TypeError(f"fit: callback must be callable (it is called with a dict after every step), got {callback!r}")
     if metrics is not None and not isinstance(metrics, Mapping):
@@ -329,10 +269,10 @@ def fit(
         raise ValueError("fit: resume=True needs checkpoint_path (the directory of the run's checkpoints)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"fit: seed must be a non-negative int, got {seed!r}")
-    inputs, targets, xp, n = _check_pair(data, "data")
+    inputs, targets, xp, n = _args.check_pair(data, "data")
     mode = _resolve_grad(grad, xp)
     if val_data is not None:
-        val_inputs, val_targets, _, _ = _check_pair(val_data, "val_data")
+        val_inputs, val_targets, _, _ = _args.check_pair(val_data, "val_data")
     metrics = dict(metrics or {})
     if metrics and val_data is None:
         raise ValueError(f"fit: metrics {sorted(metrics)} are evaluated on val_data, which is None")
