@@ -177,8 +177,12 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
 def test_soak_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "soak.json"
     argv = ["--backend", bench_backend, "--set", "tiny", "--steps", "20", "--every", "10", "--warmup", "10"]
-    _load("soak").main([*argv, "--json", str(path)])
+    _load("soak").main([*argv, "--compare", "--json", str(path)])
     out = json.loads(path.read_text())
+    assert out["bjorck"] and not out["without_bjorck"]["bjorck"] and out["without_bjorck"]["steps"] == 20
+    _positive_finite(out["max_drift_ratio"], "max_drift_ratio")
+    _positive_finite(out["step_cost"]["ratio"], "step_cost ratio")
+    assert out["growth_exponent"] is None or math.isfinite(out["growth_exponent"])
     assert out["backend"] == bench_backend and out["steps"] == 20 and out["shape"] == [4, 6, 2]
     assert [r["step"] for r in out["rows"]] == [0, 10, 20]
     assert 0 <= out["max_drift"] < 1e-5, "the float32 Stiefel weights left the manifold"

@@ -33,8 +33,8 @@ COMMANDS = [["demo"], ["train", "vit"], ["train", "vpt"], ["train", "lst"], ["tr
 FLAGS = ["--no-progress", "--resume", "--unconstrained", "--json", "--help", "--version"]
 OPTIONS = ["--epochs", "--seed", "--lr", "--batch-size", "--n-traj", "--n-steps", "--rollout", "--seq-len",
            "--n-heads", "--n-layers", "--patch-size", "--limit", "--backend", "--out", "--checkpoint-every",
-           "--data", "--data-dir", "--optimizer", "--config", "--checkpoint", "--numerical", "--dtype", "--system",
-           "--attention-add", "--bogus"]  # fmt: skip
+           "--checkpoint-every-seconds", "--data", "--data-dir", "--optimizer", "--config", "--checkpoint",
+           "--numerical", "--dtype", "--system", "--attention-add", "--bogus"]  # fmt: skip
 VALUES = ["1", "2", "0", "-1", "abc", "", "nan", "inf", "1e-3", "99999999999999999999", "numpy", "torch",
           "array-api-strict", "cupy", "{}", '{"arch": "gpt2"}', '{"model_type": "gpt2", "n_embd": 4, "n_head": 0}',
           "gpt2-tiny", "digits", "mnist", "adam", "muon", "on", "pendulum", "float32", "yes", "--epochs",

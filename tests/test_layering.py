@@ -27,6 +27,7 @@ LAYERS = {
     "models": 7,
     "gauge": 8,
     "_checkpoints": 9,
+    "_train_args": 9,  # the argument checks of train.fit
     "train": 10,
     "torch": 11,
     "jax": 11,

@@ -15,8 +15,9 @@ moves the index array once to the data's device and takes the batches with ``xp.
 batch of an epoch may be smaller. The same seed gives the same batches, so a run is deterministic
 for a seed on a deterministic backend.
 
-Checkpoints (``checkpoint_path=DIR``, every ``checkpoint_every`` optimizer steps or at the end of every
-epoch, and after the last step): each is committed as one unit, ``DIR/ckpt-<step>`` holding
+Checkpoints (``checkpoint_path=DIR``, every ``checkpoint_every`` optimizer steps and/or once
+``checkpoint_every_seconds`` have passed since the last one, or at the end of every epoch, and after
+the last step): each is committed as one unit, ``DIR/ckpt-<step>`` holding
 ``params.npz``, ``opt_state.npz`` (:func:`geoarray.optim.save_state`), ``meta.json`` (epoch, batch
 within the epoch, step, seed, history, the epoch's partial loss sum) and a manifest of their SHA-256
 sums, written into a temporary directory, fsync-ed and renamed into place (:mod:`geoarray._checkpoints`).
@@ -36,6 +37,7 @@ completed epochs, the JSON file (``out=``) is written, and the last checkpoint i
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import signal
@@ -48,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _io
+from . import _train_args as _args
 from ._checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 __all__ = [
@@ -90,30 +93,9 @@ class FitResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"fit: {name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _check_pair(data: Any, name: str) -> tuple[Array, Array, Any, int]:
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise TypeError(f"fit: {name} must be a pair (inputs, targets), got {type(data).__name__}")
-    inputs, targets = data
-    xp = _backend.array_namespace(**{f"{name}[0]": inputs, f"{name}[1]": targets})
-    if inputs.ndim < 1 or targets.ndim < 1:
-        raise ValueError(f"fit: {name} arrays need a sample axis first, got shapes {inputs.shape} and {targets.shape}")
-    n = inputs.shape[0]
-    if targets.shape[0] != n:
-        raise ValueError(
-            f"fit: {name} inputs and targets must have the same number of samples (axis 0), "
-            f"got {inputs.shape[0]} and {targets.shape[0]}"
-        )
-    if n < 1:
-        raise ValueError(f"fit: {name} holds no samples")
-    return inputs, targets, xp, int(n)
+def _monotonic() -> float:
+    """The clock of ``checkpoint_every_seconds`` (a module function so that tests can replace it)."""
+    return time.monotonic()
 
 
 def _resolve_grad(grad: str, xp: Any) -> str:
@@ -228,6 +210,7 @@ def fit(
     grad: str = "auto",
     out: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
+    checkpoint_every_seconds: float | datetime.timedelta | None = None,
     checkpoint_path: str | os.PathLike | None = None,
     keep: int | None = 3,
     resume: bool = False,
@@ -250,36 +233,52 @@ def fit(
     update with ``jax.jit`` (falling back to eager where tracing fails); other backends run eagerly.
 
     Checkpoints: with ``checkpoint_path=DIR`` a checkpoint is committed every ``checkpoint_every``
-    optimizer steps (default: at the end of every epoch) and after the last step, keeping the ``keep``
-    newest (:func:`save_checkpoint`). ``resume=True`` continues from the newest intact checkpoint in
-    DIR (skipping damaged ones with a warning) at its epoch and step, with the same batches, so the
-    result is bit-identical to an uninterrupted run; ``params`` and ``opt_state`` (or
-    ``optimizer.init``) then only give the layout, dtypes and devices; an empty DIR starts afresh.
+    optimizer steps, after the first step that ends ``checkpoint_every_seconds`` (seconds or a
+    ``datetime.timedelta``, on ``time.monotonic``) after the last checkpoint or the start of this call,
+    whichever comes first when both are given (default: at the end of every epoch), and after the last
+    step, keeping the ``keep`` newest (:func:`save_checkpoint`). ``resume=True`` continues from the
+    newest intact checkpoint in DIR (skipping damaged ones with a warning) at its epoch and step, with
+    the same batches, so the result is bit-identical to an uninterrupted run, wherever the checkpoints
+    fell; ``params`` and ``opt_state`` (or ``optimizer.init``) then only give the layout, dtypes and
+    devices; an empty DIR starts afresh.
     Without ``resume`` a DIR that already holds checkpoints is refused. A save that the file system
     refuses raises its ``OSError`` (naming DIR; the previous checkpoint intact) with the result up to
     that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
     docstring for batches and Ctrl-C.
     """
-    epochs = _positive_int(epochs, "epochs")
-    batch_size = _positive_int(batch_size, "batch_size")
-    checkpoint_every = _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
-    keep = _positive_int(keep, "keep", allow_none=True)
-    if checkpoint_every is not None and checkpoint_path is None:
-        raise ValueError("fit: checkpoint_every needs checkpoint_path (a directory)")
+    epochs = _args.positive_int(epochs, "epochs")
+    batch_size = _args.positive_int(batch_size, "batch_size")
+    checkpoint_every = _args.positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    checkpoint_every_seconds = _args.interval_seconds(checkpoint_every_seconds)
+    keep = _args.positive_int(keep, "keep", allow_none=True)
+    for name, value in (("checkpoint_every", checkpoint_every), ("checkpoint_every_seconds", checkpoint_every_seconds)):
+        if value is not None and checkpoint_path is None:
+            raise ValueError(f"fit: {name}={value!r} needs checkpoint_path (a directory); pass checkpoint_path=DIR")
     if not isinstance(resume, bool):
         raise TypeError(f"fit: resume must be True or False, got {resume!r}")
+    progress, jit = _args.flag(progress, "progress"), _args.flag(jit, "jit")
+    out = _args.path_arg(out, "out", "the JSON file of the history")
+    if out is not None and os.path.isdir(out):
+        raise ValueError(f"fit: out {out!r} is a directory; give the path of the JSON file to write")
+    checkpoint_path = _args.path_arg(checkpoint_path, "checkpoint_path", "a directory")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"fit: callback must be callable (it is called with a dict after every step), got {callback!r}")
+    if metrics is not None and not isinstance(metrics, Mapping):
+        raise TypeError(f"fit: metrics must be a dict from name to metric function, got {metrics!r}")
     if resume and checkpoint_path is None:
         raise ValueError("fit: resume=True needs checkpoint_path (the directory of the run's checkpoints)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"fit: seed must be a non-negative int, got {seed!r}")
-    inputs, targets, xp, n = _check_pair(data, "data")
+    inputs, targets, xp, n = _args.check_pair(data, "data")
     mode = _resolve_grad(grad, xp)
     if val_data is not None:
-        val_inputs, val_targets, _, _ = _check_pair(val_data, "val_data")
+        val_inputs, val_targets, _, _ = _args.check_pair(val_data, "val_data")
     metrics = dict(metrics or {})
     if metrics and val_data is None:
         raise ValueError(f"fit: metrics {sorted(metrics)} are evaluated on val_data, which is None")
     for name, fn in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"fit: metrics' names must be strings (they key the history), got {name!r}")
         if not callable(fn):
             raise TypeError(f"fit: metrics[{name!r}] must be callable, got {type(fn).__name__}")
     if checkpoint_path is not None:
@@ -335,6 +334,7 @@ def fit(
             result.checkpoint = save_checkpoint(
                 checkpoint_path, result.params, result.opt_state, meta, step=result.steps, keep=keep
             )
+            last_saved[0] = _monotonic()
         except OSError as exc:
             exc.fit_result = result
             try:
@@ -343,8 +343,12 @@ def fit(
                 pass  # the checkpoint's error is the one to report
             raise
 
+    last_saved = [_monotonic()]  # when the last checkpoint was committed (or this call started)
+
     def due() -> bool:
-        return checkpoint_every is not None and result.steps % checkpoint_every == 0
+        if checkpoint_every is not None and result.steps % checkpoint_every == 0:
+            return True
+        return checkpoint_every_seconds is not None and _monotonic() - last_saved[0] >= checkpoint_every_seconds
 
     try:
         with _StopFlag() as stop:
@@ -385,7 +389,8 @@ def fit(
                 record["seconds"] = time.perf_counter() - t0
                 history.append(record)
                 write_out()
-                if checkpoint_path is not None and (checkpoint_every is None or due() or epoch == epochs):
+                periodic = checkpoint_every is not None or checkpoint_every_seconds is not None
+                if checkpoint_path is not None and (not periodic or due() or epoch == epochs):
                     checkpoint(epoch, 0, 0.0, 0, 0.0)
     except KeyboardInterrupt:
         result.interrupted = True

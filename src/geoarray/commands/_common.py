@@ -94,11 +94,20 @@ def add_common_train_options(parser: argparse.ArgumentParser, *, epochs: int = 1
         metavar="STEPS",
         help="with --out: commit a checkpoint every STEPS optimizer steps (default: at the end of every epoch)",
     )
+    parser.add_argument(
+        "--checkpoint-every-seconds",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="with --out: commit a checkpoint after the first step that ends SECONDS after the last one "
+        "(with --checkpoint-every: whichever comes first)",
+    )
 
 
 def checkpoint_options(args: argparse.Namespace) -> dict:
-    """The checkpoint keywords of :func:`geoarray.train.fit` for ``--out``, ``--resume`` and
-    ``--checkpoint-every`` (none for a parser without them): checkpoints go to ``OUT/checkpoints``.
+    """The checkpoint keywords of :func:`geoarray.train.fit` for ``--out``, ``--resume``,
+    ``--checkpoint-every`` and ``--checkpoint-every-seconds`` (none for a parser without them):
+    checkpoints go to ``OUT/checkpoints``.
 
     Without ``--resume`` earlier checkpoints there are removed (the run starts over, as metrics.json is
     rewritten); with it, a run of another ``--seed`` or ``--batch-size`` is refused here in one line.
@@ -106,9 +115,17 @@ def checkpoint_options(args: argparse.Namespace) -> dict:
     if not hasattr(args, "resume"):
         return {}
     if args.out is None:
-        if args.resume or args.checkpoint_every is not None:
-            flag = "--resume" if args.resume else "--checkpoint-every"
-            raise CommandError(f"{flag} needs --out DIR (the checkpoints are kept in DIR/checkpoints)")
+        given = [
+            flag
+            for flag, on in (
+                ("--resume", args.resume),
+                ("--checkpoint-every", args.checkpoint_every is not None),
+                ("--checkpoint-every-seconds", args.checkpoint_every_seconds is not None),
+            )
+            if on
+        ]
+        if given:
+            raise CommandError(f"{given[0]} needs --out DIR (the checkpoints are kept in DIR/checkpoints)")
         return {}
     import shutil
 
@@ -134,7 +151,12 @@ def checkpoint_options(args: argparse.Namespace) -> dict:
                     f"--resume: the run in {path!r} used {flag} {meta[key]}, not {getattr(args, key)}; "
                     f"give {flag} {meta[key]} to continue it"
                 )
-    return {"checkpoint_path": path, "checkpoint_every": args.checkpoint_every, "resume": bool(args.resume)}
+    return {
+        "checkpoint_path": path,
+        "checkpoint_every": args.checkpoint_every,
+        "checkpoint_every_seconds": args.checkpoint_every_seconds,
+        "resume": bool(args.resume),
+    }
 
 
 def namespace_for(backend: str) -> Any:

@@ -247,7 +247,7 @@ class DenseSection(NamedTuple):
 class SquareSection(NamedTuple):
     """λ(Y) for N = n (the orthogonal group O(n)): E = I, so λE = λ and the section is Y itself.
 
-    It is applied through Q = Y(3I − YᵀY)/2, one Newton–Schulz step of the polar iteration from Y,
+    It is applied through Q = Y(3I − YᵀY)/2, one Newton–Schulz (Björck) step of the polar iteration from Y,
     whose orthonormality error is O(‖YᵀY − I‖²): as with :class:`HouseholderSection`'s Q, an
     orthogonality error of Y (float32 drift) is not carried over to the retracted point, and λE = Q
     equals Y up to Y's own orthogonality error. Two n×n products instead of a QR; there is no Q⊥
@@ -259,9 +259,9 @@ class SquareSection(NamedTuple):
 
     @classmethod
     def of(cls, Y: Array) -> SquareSection:
-        xp = array_namespace(Y)
-        # Y(3I − YᵀY)/2 = 1.5·Y − 0.5·Y(YᵀY), the subtraction inside the GEMM where the backend has one
-        return cls(Y, _backend.addmm(1.5 * Y, Y, xp.matrix_transpose(Y) @ Y, xp, alpha=-0.5))
+        from .retraction import bjorck_step  # Y(3I − YᵀY)/2 = Y − ½Y(YᵀY − I)
+
+        return cls(Y, bjorck_step(Y, array_namespace(Y)))
 
     def _empty_rows(self, D: Array) -> Array:
         xp = array_namespace(D=D, Q=self.Q)

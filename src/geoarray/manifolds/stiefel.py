@@ -35,7 +35,7 @@ from .._backend import as_namespace
 from .._backend import device as _device
 from .base import RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
-from .retraction import retract_e, retract_square, retraction_kernel
+from .retraction import bjorck_step, retract_e, retract_square, retraction_kernel
 from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, householder_section
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
@@ -244,7 +244,10 @@ class OrthonormalFrames(Manifold):
 
     def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
         """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
-        with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step."""
+        with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step. A
+        float32 result ends with one Björck step (:func:`~geoarray.manifolds.retraction.bjorck_step`),
+        except from a packed section, whose application is accurate enough without it, and from the
+        square section, which took that step on Y already."""
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
@@ -253,7 +256,12 @@ class OrthonormalFrames(Manifold):
         method = self._method(method)
         kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings")
         top, bottom = kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
-        return lam.apply_blocks(top, bottom)
+        Y = lam.apply_blocks(top, bottom)
+        # float32: applying the compact-WY section leaves |YᵀY − I| ≈ 30 roundoffs at every step, the
+        # Björck step ≈ 6; LAPACK's packed application (ormqr) ≈ 10 already, where it is not worth its cost
+        if Y.dtype == xp.float32 and not isinstance(lam, (PackedHouseholderSection, SquareSection)):
+            return bjorck_step(Y, xp)
+        return Y
 
     def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
         """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k)).

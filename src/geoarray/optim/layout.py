@@ -39,6 +39,7 @@ __all__ = [
     "STACKED",
     "Group",
     "Layout",
+    "LeafPath",
     "check_inputs",
     "flatten_manifolds",
     "flatten_params",
@@ -91,9 +92,19 @@ class Layout:
     groups: tuple[Group, ...]
 
 
+class LeafPath(str):
+    """A leaf's path already written as subscripts, ``"['blocks'][0]['W']"``: the keys of the dicts of
+    leaves that :func:`~geoarray.optim.partition` hands its members. :func:`leaf_path` appends such a key
+    as it is, so a member's errors name the user's leaf, ``params['blocks'][0]['W']``, not the key of
+    its dict, ``params["['blocks'][0]['W']"]``. Equal to, and hashed as, the plain string."""
+
+    __slots__ = ()
+
+
 def leaf_path(path: tuple, root: str = "params") -> str:
-    """``('blocks', 0, 'W')`` → ``"params['blocks'][0]['W']"``: how error messages name a leaf."""
-    return root + "".join(f"[{p!r}]" for p in path)
+    """``('blocks', 0, 'W')`` → ``"params['blocks'][0]['W']"``: how error messages name a leaf (a
+    :class:`LeafPath` key is appended as the subscripts it holds)."""
+    return root + "".join(p if isinstance(p, LeafPath) else f"[{p!r}]" for p in path)
 
 
 def is_manifold_leaf(x: Any) -> bool:

@@ -5,8 +5,9 @@
     params, state = opt.update(params, grads, state)
 
 Each member optimizer sees the leaves labelled with its key, as a dict from the leaf's path in
-``params`` (e.g. ``"['blocks'][0]['W_q']"``) to the leaf, so its error messages name the user's
-parameters. The state is a NamedTuple holding a dict of the members' states and the static
+``params`` (a :class:`~geoarray.optim.layout.LeafPath`, e.g. ``"['blocks'][0]['W_q']"``) to the leaf,
+so its error messages name the user's parameters as the rest of the library does
+(``params['blocks'][0]['W_q']``). The state is a NamedTuple holding a dict of the members' states and the static
 assignment of leaves to members (:class:`PartitionLayout`): the optimizer object holds configuration
 only. Members keep their own step counts, non-finite policies and checkpoints of their states.
 """
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 import optree
 
 from .. import _backend
-from .layout import is_manifold_leaf, leaf_path
+from .layout import LeafPath, is_manifold_leaf, leaf_path
 
 __all__ = ["PartitionLayout", "PartitionState", "PartitionedOptimizer", "partition"]
 
@@ -41,8 +42,8 @@ class PartitionState(NamedTuple):
     layout: PartitionLayout
 
 
-def _path(path: tuple) -> str:
-    return leaf_path(path, root="")
+def _path(path: tuple) -> LeafPath:
+    return LeafPath(leaf_path(path, root=""))
 
 
 class PartitionedOptimizer:
