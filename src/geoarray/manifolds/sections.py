@@ -43,6 +43,7 @@ from .. import _backend, linalg
 from .._backend import array_namespace
 from .._backend import device as _device
 from ._symplectic import rows, stack_rows, symplectic_inverse
+from .retraction import bjorck_step
 
 __all__ = [
     "DenseSection",
@@ -259,9 +260,7 @@ class SquareSection(NamedTuple):
 
     @classmethod
     def of(cls, Y: Array) -> SquareSection:
-        from .retraction import bjorck_step  # Y(3I − YᵀY)/2 = Y − ½Y(YᵀY − I)
-
-        return cls(Y, bjorck_step(Y, array_namespace(Y)))
+        return cls(Y, bjorck_step(Y, array_namespace(Y)))  # Y(3I − YᵀY)/2 = Y − ½Y(YᵀY − I)
 
     def _empty_rows(self, D: Array) -> Array:
         xp = array_namespace(D=D, Q=self.Q)
