@@ -11,12 +11,11 @@ Every outcome must be: a ``ValueError``/``TypeError`` naming ``state_dict`` (or 
 the target optimizer's state_dict and the parameters unchanged; or a load after which two steps leave
 finite parameters with the Stiefel weight on its manifold. Cases: ``CASES``.
 
-Not generated, the three defects this target found (in ``geoarray.torch.optim``, reported; each pinned by
-a strict xfail below, which fails once it is fixed): non-finite or out-of-range values inside the state
-tensors (a NaN moment, a negative second moment) load without a word and the next step writes NaN into
-the parameters (the tensors' values are not checked); a state_dict without ``"param_groups"`` ends in
-torch's ``KeyError: 'param_groups'``; parameter indices that are None or strings (``[None]``, ``["x"]``)
-end in ``int()``'s TypeError or ValueError, which names no argument.
+The three defects this target found, fixed and tested below: a NaN moment in a state tensor loaded
+without a word and the next step wrote NaN into the parameters (non-finite state tensors are now
+refused at load, naming them; a negative second moment, finite, is still not checked); a state_dict
+without ``"param_groups"`` ended in torch's ``KeyError``; parameter indices that are None or strings
+ended in ``int()``'s TypeError or ValueError, which named nothing.
 """
 
 from __future__ import annotations
@@ -160,12 +159,6 @@ def test_load_state_dict_of_mutated_state_dicts(backend):
     run()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reported defect: load_state_dict restores state tensors without checking their values, so a NaN "
-    "moment (or a negative second moment) loads and the next step writes NaN into the parameters "
-    "(fix in geoarray.torch.optim: refuse non-finite state tensors at load time, naming them)",
-)
 @pytest.mark.parametrize("name", ["Adam", "PaperAdam"])
 def test_a_state_dict_with_a_nan_moment_is_refused(torch, gt, name):
     params, make, gen = _setup(torch, gt, name)
@@ -180,12 +173,6 @@ def test_a_state_dict_with_a_nan_moment_is_refused(torch, gt, name):
         target.load_state_dict(sd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reported defect: a state_dict without 'param_groups' reaches torch's Optimizer.load_state_dict, "
-    "which raises KeyError: 'param_groups' (fix in geoarray.torch.optim: a ValueError naming the missing key)",
-    raises=KeyError,
-)
 def test_a_state_dict_without_param_groups_is_a_value_error(torch, gt):
     params, make, gen = _setup(torch, gt, "Adam")
     source = make(params)
@@ -196,11 +183,6 @@ def test_a_state_dict_without_param_groups_is_a_value_error(torch, gt):
         make(params).load_state_dict(sd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reported defect: parameter indices [None] in a state_dict end in int()'s TypeError, which does not "
-    "name the state_dict (fix in geoarray.torch.optim._load_group: check the indices' type)",
-)
 def test_state_dict_indices_of_another_type_are_refused_naming_them(torch, gt):
     params, make, gen = _setup(torch, gt, "Adam")
     source = make(params)

@@ -83,6 +83,13 @@ def restore_state(cohort: Cohort, entry: dict, gi: int) -> None:
             raise ValueError(
                 f"state_dict: state tensor {k} of param group {gi} is {got}, expected {tuple(like.shape)} {like.dtype}"
             )
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            # a damaged or edited file: the next step would write NaN into the parameters (one host read
+            # per state tensor, at load)
+            raise ValueError(
+                f"state_dict: state tensor {k} of param group {gi} holds non-finite values; the optimizer "
+                "state is damaged: load an intact checkpoint"
+            )
         # keep the saved memory layout: BLAS kernels round differently per layout
         restored.append(t.detach().to(device=like.device).clone(memory_format=torch.preserve_format))
     cohort.state = optree.tree_unflatten(treedef, restored)

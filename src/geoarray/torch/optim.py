@@ -491,6 +491,11 @@ class Optimizer(torch.optim.Optimizer):
         (same groups, shapes, dtypes). Raises ``ValueError`` naming the mismatch, changing nothing."""
         groups = saved_groups(state_dict, len(self.param_groups))
         saved = {k: v for k, v in state_dict.items() if k != "geoarray"}
+        if not isinstance(saved.get("param_groups"), list):
+            raise ValueError(
+                "state_dict has no 'param_groups' list (torch's hyperparameters of each group): pass the whole "
+                f"dict that opt.state_dict() returned, got keys {sorted(map(str, state_dict))}"
+            )
         for gi, (mine, theirs) in enumerate(zip(self.param_groups, saved.get("param_groups", ()), strict=False)):
             keys_mine, keys_theirs = set(mine) - NOT_HYPERPARAMETERS, set(theirs) - NOT_HYPERPARAMETERS
             if keys_mine != keys_theirs:
@@ -523,7 +528,12 @@ class Optimizer(torch.optim.Optimizer):
         n = len(group["params"])
         cohorts = []
         for entry in entries:
-            indices = tuple(int(i) for i in entry["indices"])
+            raw = entry["indices"]
+            if not isinstance(raw, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in raw
+            ):
+                raise ValueError(f"state_dict: param group {gi} refers to parameters {raw!r}; expected a list of ints")
+            indices = tuple(raw)
             if not indices or any(not 0 <= i < n for i in indices):
                 raise ValueError(f"state_dict: param group {gi} refers to parameters {indices}; the group has {n}")
             cohort = self._new_cohort(group, gi, indices, restoring=True)
