@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,26 @@ def leave(*, barrier: bool = True) -> None:
 
         dist.barrier()
     os._exit(0)
+
+
+@contextlib.contextmanager
+def process_group(rank: int, port: int, world: int) -> Iterator[None]:
+    """A worker's gloo process group of ``world`` ranks on the loopback ``port`` (one thread per rank,
+    collectives time out after 60 s). The worker's body runs inside; after it, every rank waits for the
+    others and exits (:func:`leave`); an error tears the group down and propagates."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    try:
+        yield
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def _traced(rank: int, worker: Any, port: int, out_dir: str, dump_after: float) -> None:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from test_torch_fsdp import TIMEOUT, WORLD, _batch, _init, _model, _optimizer, _train
+from test_torch_fsdp import TIMEOUT, WORLD, _batch, _model, _optimizer, _train
 
-from _distributed import leave, run_ranks
+from _distributed import process_group, run_ranks
 
 NAMES = ("Adam", "PaperAdam", "SGD", "ManifoldMuon", "Optimizer")
 HALF = 2  # steps before the checkpoint, and after it
@@ -71,12 +71,12 @@ def _leaves(opt) -> list:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch
-    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     import geoarray.torch as gt
 
-    mesh = _init(rank, port)
-    try:
+    with process_group(rank, port, WORLD):
+        mesh = init_device_mesh("cpu", (WORLD,))
         x, y = _batch()
         x, y = x[rank * 4 : (rank + 1) * 4], y[rank * 4 : (rank + 1) * 4]
         out = {}
@@ -95,10 +95,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             _save(f"{out_dir}/two_{name}", model, opt)
             out[name] = {"loaded": loaded, "resumed": resumed, "saved": _leaves(opt)}
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_checkpoint_resumes_on_another_world_size(tmp_path):

@@ -7,11 +7,9 @@ function of the all-reduced gradients), equal to a single-process run on the con
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 
-from _distributed import leave, run_ranks
+from _distributed import process_group, run_ranks
 
 N_STEPS = 5
 WORLD = 2
@@ -56,23 +54,14 @@ def _train(model, step_module, x, y):
 
 def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
-    )
-    try:
+    with process_group(rank, port, WORLD):
         model = _model()
         x, y = _batch()
         shard = slice(rank * 4, (rank + 1) * 4)
         params = _train(model, DistributedDataParallel(model), x[shard], y[shard])
         torch.save(params, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_ddp_ranks_agree_bitwise_and_equal_the_single_process_run(tmp_path):

@@ -32,12 +32,11 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from _distributed import leave, run_ranks
+from _distributed import leave, process_group, run_ranks
 
 N_STEPS = 4
 WORLD = 2
@@ -135,26 +134,14 @@ def _comm_counter(world: int):
     return module._Comm(world)
 
 
-def _init(rank: int, port: int):
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
-    )
-    return init_device_mesh("cpu", (WORLD,))
-
-
 def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
     import torch
-    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     import geoarray.torch as gt
 
-    mesh = _init(rank, port)
-    try:
+    with process_group(rank, port, WORLD):
+        mesh = init_device_mesh("cpu", (WORLD,))
         x, y = _batch()
         x, y = x[rank * 4 : (rank + 1) * 4], y[rank * 4 : (rank + 1) * 4]
         out = {}
@@ -230,10 +217,6 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         state = opt._cohorts[0][0].state
         out["budget_counts"] = (int(state.step), int(state.skipped))
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_path):

@@ -19,13 +19,11 @@ after 4 steps in float64, for Adam and ManifoldMuon:
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from test_torch_checkpoint import _leaves, _load, _save
 from test_torch_fsdp import _batch, _model, _optimizer, _train
 
-from _distributed import leave, run_ranks
+from _distributed import process_group, run_ranks
 
 WORLD, REPLICAS, SHARDS = 4, 2, 2
 NAMES = ("Adam", "ManifoldMuon")
@@ -71,16 +69,11 @@ def _frames_state(opt, F, name: str) -> list:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     import geoarray.torch as gt
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
-    )
-    try:
+    with process_group(rank, port, WORLD):
         mesh = init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("replicate", "shard"))
         x, y = _batch()
         x, y = x[rank * 2 : (rank + 1) * 2], y[rank * 2 : (rank + 1) * 2]
@@ -119,10 +112,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         _train(opt, model, x, y, HALF)
         _save(f"{out_dir}/four_tall", model, opt)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 def test_hsdp_on_a_2d_mesh_steps_like_one_process_and_checkpoints_across_world_sizes(tmp_path):

@@ -22,12 +22,11 @@ whose partition holds the NaN only.
 from __future__ import annotations
 
 import warnings
-from datetime import timedelta
 
 import pytest
 from test_torch_checkpoint import _load, _save
 
-from _distributed import leave, run_ranks
+from _distributed import process_group, run_ranks
 
 N_STEPS = 4
 WORLD = 2
@@ -92,17 +91,12 @@ def _steps(opt, step_module, x, y, n: int) -> None:
 
 def _zero_worker(rank: int, port: int, out_dir: str) -> None:
     import torch
-    import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
     import geoarray.torch as gt
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
-    )
-    try:
+    with process_group(rank, port, WORLD):
         x, y = _batch()
         shard = slice(rank * 4, (rank + 1) * 4)
         out = {}
@@ -140,10 +134,6 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
                 opt.zero_grad()
         out["nan counts"] = [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs]
         torch.save(out, f"{out_dir}/rank{rank}.pt")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave()  # every rank has saved its results: exit without the process group's teardown
 
 
 @pytest.fixture(scope="module")
