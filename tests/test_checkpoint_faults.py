@@ -22,34 +22,18 @@ import os
 import numpy as np
 import optree
 import pytest
+from _small_fit import like as _like
+from _small_fit import run
 
 from _helpers import to_numpy
-from geoarray import _io, nn, optim
-from geoarray.models import ClassificationTransformer
-from geoarray.train import fit, list_checkpoints, load_checkpoint, save_checkpoint
+from geoarray import _io
+from geoarray.train import list_checkpoints, load_checkpoint, save_checkpoint
 
-N, T, D, C = 24, 2, 4, 3
 ERRNOS = (errno.ENOSPC, errno.EACCES, errno.EROFS)
 
 
-def _problem(xp, device):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, T, D))
-    y = np.eye(C)[np.argmax(x[:, -1, :C] + 0.5 * x[:, 0, :C], axis=-1)]
-    return xp.asarray(x, dtype=xp.float64, device=device), xp.asarray(y, dtype=xp.float64, device=device)
-
-
 def _run(xp, device, **kw):
-    model = ClassificationTransformer(D, T, C, n_heads=2, n_layers=1)
-    params = model.init(0, xp=xp, dtype="float64", device=device)
-    kw = {"epochs": 2, "batch_size": 8, "progress": False, "jit": False, **kw}
-    return fit(model, params, _problem(xp, device), optim.Adam(lr=0.05), nn.ClassificationL2Loss(), **kw)
-
-
-def _like(xp, device):
-    model = ClassificationTransformer(D, T, C, n_heads=2, n_layers=1)
-    params = model.init(0, xp=xp, dtype="float64", device=device)
-    return {"like_params": params, "like_state": optim.Adam(lr=0.05).init(params, model.manifolds())}
+    return run(xp, device, **{"epochs": 2, **kw})
 
 
 def _host(tree):

@@ -20,27 +20,15 @@ import math
 import numpy as np
 import optree
 import pytest
+from _small_fit import run
 
 from _helpers import to_numpy
-from geoarray import nn, optim, train
-from geoarray.models import ClassificationTransformer
-from geoarray.train import fit, list_checkpoints
-
-N, T, D, C = 24, 2, 4, 3  # 3 steps per epoch at batch size 8
-
-
-def _problem(xp, device):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, T, D))
-    y = np.eye(C)[np.argmax(x[:, -1, :C] + 0.5 * x[:, 0, :C], axis=-1)]
-    return xp.asarray(x, dtype=xp.float64, device=device), xp.asarray(y, dtype=xp.float64, device=device)
+from geoarray import train
+from geoarray.train import list_checkpoints
 
 
 def _run(xp, device, **kw):
-    model = ClassificationTransformer(D, T, C, n_heads=2, n_layers=1)
-    params = model.init(0, xp=xp, dtype="float64", device=device)
-    kw = {"epochs": 3, "batch_size": 8, "progress": False, "jit": False, **kw}
-    return fit(model, params, _problem(xp, device), optim.Adam(lr=0.05), nn.ClassificationL2Loss(), **kw)
+    return run(xp, device, **{"epochs": 3, **kw})
 
 
 @pytest.fixture
