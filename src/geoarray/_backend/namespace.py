@@ -120,7 +120,7 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
         if all(type(a) is kind for _, a in items) and kind.__module__.split(".")[0] in ("torch", "numpy", "cupy"):
             _NAMESPACE_OF_TYPE[kind] = ns
         return ns
-    kinds = {}
+    kinds: dict[str, list] = {}
     for key, a in items:
         kinds.setdefault(_describe(a), []).append(key)
     if len(kinds) > 1:
@@ -128,8 +128,8 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
         raise TypeError(
             f"inputs come from different array libraries ({detail}); convert them to one backend (and one device) first"
         ) from None
-    kind, keys = next(iter(kinds.items()))
-    raise TypeError(f"{', '.join(keys)} is not an array of a supported array library (got {kind})")
+    described, keys = next(iter(kinds.items()))
+    raise TypeError(f"{', '.join(keys)} is not an array of a supported array library (got {described})")
 
 
 def as_namespace(xp: Any) -> Namespace:

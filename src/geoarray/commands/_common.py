@@ -173,11 +173,11 @@ def namespace_for(backend: str) -> Any:
             import torch
         except ImportError:
             raise CommandError("backend 'torch' is not installed (pip install 'geoarray[torch]')") from None
-        import array_api_compat.torch as xp
+        import array_api_compat.torch as torch_xp
 
         # small matrices: intra-op threads cost more in wake-ups than they save
         torch.set_num_threads(1)
-        return xp
+        return torch_xp
     if backend == "jax":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         try:
@@ -185,15 +185,15 @@ def namespace_for(backend: str) -> Any:
         except ImportError:
             raise CommandError("backend 'jax' is not installed (pip install 'geoarray[jax]')") from None
         jax.config.update("jax_enable_x64", True)
-        import jax.numpy as xp
+        import jax.numpy as jnp
 
-        return xp
+        return jnp
     if backend == "array-api-strict":
         try:
-            import array_api_strict as xp
+            import array_api_strict
         except ImportError:
             raise CommandError("backend 'array-api-strict' is not installed (pip install array-api-strict)") from None
-        return xp
+        return array_api_strict
     raise CommandError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 

@@ -99,7 +99,7 @@ def _problem(args: argparse.Namespace, xp: Any) -> tuple:
         train = systems.rigid_body_trajectories(xp.take(z0, idx, axis=0), args.n_steps)
         val0 = xp.asarray([[0.8912073600614354, 0.0, 0.4535961214255773]], dtype=xp.float64)  # v = 1.1
         val = systems.rigid_body_trajectories(val0, args.rollout + args.seq_len)
-        model = models.VolumePreservingTransformer(3, args.seq_len, n_blocks=2, n_linear=1, L=1)
+        model: Any = models.VolumePreservingTransformer(3, args.seq_len, n_blocks=2, n_linear=1, L=1)
         inv = lambda z: systems.rigid_body_invariants(z)[0]  # noqa: E731
         return model, train, val, inv, "norm |z|"
     if name == "lst":

@@ -288,7 +288,7 @@ def run_train(args: argparse.Namespace) -> int:
         label=label,
     )
     print(_table([row]))
-    if args.out:
+    if out_json is not None:
         write_json(
             out_json,
             {"config": _config(args), "summary": row, "history": result.history, "interrupted": result.interrupted},

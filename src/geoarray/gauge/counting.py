@@ -269,7 +269,7 @@ def _jacobian(model_fn, params: dict[str, Array], xp: Any, method: str, step: fl
         E = xp.eye(theta.shape[0], dtype=theta.dtype)
         J = _stencil(lambda h: f_rows(theta[None, :] + h * E), step)
         return xp.matrix_transpose(J)
-    cols = []
+    cols: list = []
     for name, value in params.items():
         flat = xp.reshape(value, (-1,))
 

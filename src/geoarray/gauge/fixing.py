@@ -160,7 +160,9 @@ def canonicalize(model: Any, params: Mapping[str, Array]) -> tuple[dict[str, Arr
     else:  # bert
         P = dict(params)
         # inner norms: β into the readers' biases and the next sublayer's output bias
-        chain = [("emb_norm", "layers.0.", ("attn.wq", "attn.wk", "attn.wv"), "layers.0.attn.bo")]
+        chain: list[tuple[str, str, tuple[str, ...], str]] = [
+            ("emb_norm", "layers.0.", ("attn.wq", "attn.wk", "attn.wv"), "layers.0.attn.bo")
+        ]
         for layer in range(L):
             p = f"layers.{layer}."
             chain.append((p + "norm1", p, ("mlp.w_in",), p + "mlp.b_out"))

@@ -75,7 +75,7 @@ class RiemannianOptaxState(NamedTuple):
     points: dict
 
 
-def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer:
+def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer | ManifoldMuon | PartitionedOptimizer:
     """A private :class:`RiemannianOptimizer` from a method name, an optimizer or a transform."""
     if isinstance(method, str):
         cls = _METHODS.get(method.lower())

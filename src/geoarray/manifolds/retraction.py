@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import _backend, linalg
@@ -151,7 +152,7 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
         return _phi1_scaled(X, bound, xp, min(max_doublings, SYNC_FREE_DOUBLINGS))
     rules = _phi1_rules(X, xp)
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
-    branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
+    branches: list[Callable[[Any], Any]] = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
     # the top rule's Taylor polynomial alone is the scaled route with no doubling; traced, it is left
     # to the scaled route (one branch fewer to compile)
     if _backend.is_traced(bound):
@@ -257,7 +258,9 @@ def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) ->
     # I + A·φ₁(A) by scaling and doubling
     rules = _EXP_RULES["float64" if A.dtype == xp.float64 else "float32"]
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
-    branches = [functools.partial(_phi1_taylor, xp=xp, rule=rule, shift=0) for rule in rules]
+    branches: list[Callable[[Any], Any]] = [
+        functools.partial(_phi1_taylor, xp=xp, rule=rule, shift=0) for rule in rules
+    ]
     return _backend.select(largest, tuple(rule[2] for rule in rules), [*branches, general], A, xp)
 
 

@@ -68,7 +68,7 @@ class LASympNet(ComposedModel):
         self.dim = _even_dim(dim)
         self.depth = check_int(depth, "depth")
         self.seq_len = None
-        layers = []
+        layers: list = []
         for _ in range(self.depth):
             layers += [
                 LinearLayerQ(self.dim),

@@ -15,7 +15,7 @@ __all__ = ["VolumePreservingFeedForward", "VolumePreservingTransformer"]
 
 
 def _vp_feed_forward_layers(dim: int, n_blocks: int, n_linear: int, activation: Any) -> list:
-    layers = []
+    layers: list = []
     for _ in range(n_blocks):
         for _ in range(n_linear):
             layers.append(VolumePreservingLowerLayer(dim, "identity", use_bias=False))

@@ -32,7 +32,7 @@ class _Affine(Layer):
         self.use_bias = bool(use_bias)
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {"W": (self.out_dim, self.in_dim)}
+        shapes: dict[str, tuple[int, ...]] = {"W": (self.out_dim, self.in_dim)}
         if self.use_bias:
             shapes["b"] = (self.out_dim,)
         return shapes

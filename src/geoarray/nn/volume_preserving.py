@@ -177,7 +177,7 @@ class _VolumePreservingTriangularLayer(Layer):
         return params
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {self._key: (self.dim, self.dim)}
+        shapes: dict[str, tuple[int, ...]] = {self._key: (self.dim, self.dim)}
         if self.use_bias:
             shapes["b"] = (self.dim,)
         return shapes

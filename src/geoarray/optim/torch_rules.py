@@ -160,7 +160,7 @@ def scale_by_torch_adam(
             lambda v, g: coefficient(g)[1] * v + coefficient(g)[2] * (g * g), state.exp_avg_sq, updates
         )
         if amsgrad:
-            top = optree.tree_map(lambda a, v: array_namespace(v).maximum(a, v), state.max_exp_avg_sq, exp_avg_sq)
+            top: Any = optree.tree_map(lambda a, v: array_namespace(v).maximum(a, v), state.max_exp_avg_sq, exp_avg_sq)
             second = top
         else:
             top, second = (), exp_avg_sq

@@ -188,7 +188,7 @@ class ManifoldParameter(torch.nn.Parameter):
         memo[id(self)] = result
         return result
 
-    def __reduce_ex__(self, proto: int) -> tuple:
+    def __reduce_ex__(self, proto: Any) -> tuple:
         # nn.Parameter rebuilds a plain Parameter; hooks are not serialised (as in torch)
         state = dict(self.__dict__)
         return (_rebuild, (self.data, self.manifold, self.requires_grad, state))

@@ -103,6 +103,8 @@ class StateView(Mapping):
 
     def _where(self) -> dict[int, tuple]:
         opt = self._optimizer()
+        if opt is None:
+            raise RuntimeError("the optimizer of this state view was deleted")
         out = {}
         for gi, cohorts in enumerate(opt._cohorts):
             params = opt.param_groups[gi]["params"]
