@@ -51,30 +51,51 @@ from geoarray.data import systems, windows
 HELD_OUT_V = (0.555, 1.105, 1.655, 2.205, 3.305, 4.405)  # between the grid points v = 0.1:0.01:2π
 
 
-def build(name: str, T: int):
+INITS = ("random", "zero-attention", "identity")
+
+
+def build(name: str, T: int, L: int = 3, n_blocks: int = 2):
     if name == "vpt":
-        return ga.models.VolumePreservingTransformer(3, T, n_blocks=2, n_linear=1, L=3)
+        return ga.models.VolumePreservingTransformer(3, T, n_blocks=n_blocks, n_linear=1, L=L)
     if name == "vpff":
-        return ga.models.VolumePreservingFeedForward(3, n_blocks=6, n_linear=1)
+        return ga.models.VolumePreservingFeedForward(3, n_blocks=L * n_blocks, n_linear=1)
     if name == "standard":
-        return ga.models.StandardTransformerIntegrator(3, T, n_heads=1, L=3, upscale=4)
+        return ga.models.StandardTransformerIntegrator(3, T, n_heads=1, L=L, upscale=4)
     raise ValueError(f"--models: unknown model {name!r}; choose from vpt, vpff, standard")
+
+
+def initial_params(model, seed: int, init: str, xp, dtype):
+    """The layers' random init, or with the volume-preserving attention's A set to 0 (Cayley(0) = I: each
+    attention starts as the identity), or with every A, L, U of the volume-preserving layers at 0 (the
+    whole model starts as the identity map, the nearest volume-preserving map to the short-time flow).
+    Only the volume-preserving models' parameters are changed; the standard transformer keeps its init."""
+    params = model.init(seed, xp=xp, dtype=dtype)
+    if init == "random" or not isinstance(
+        model, (ga.models.VolumePreservingTransformer, ga.models.VolumePreservingFeedForward)
+    ):
+        return params
+    zeroed = ("A",) if init == "zero-attention" else ("A", "L", "U")
+    return tuple({k: (v * 0 if k in zeroed else v) for k, v in p.items()} for p in params)
 
 
 def run_one(name: str, seed: int, trajectories, reference, args) -> dict:
     import array_api_compat.numpy as xp
 
-    model = build(name, args.seq_len)
+    model = build(name, args.seq_len, args.L, args.n_blocks)
     T = args.seq_len if model.seq_len is not None else 1
-    x, y = windows(trajectories, T, T)
+    dtype = getattr(xp, args.dtype)
+    x, y = windows(xp.astype(trajectories, dtype), T, T)
     steps_per_epoch = math.ceil(x.shape[0] / args.batch_size)
-    opt = ga.optim.AdamWithDecay(
-        lr_start=args.lr_start, lr_end=args.lr_end, n_epochs=args.epochs, steps_per_epoch=steps_per_epoch
-    )
+    if args.schedule == "decay":
+        opt = ga.optim.AdamWithDecay(
+            lr_start=args.lr_start, lr_end=args.lr_end, n_epochs=args.epochs, steps_per_epoch=steps_per_epoch
+        )
+    else:
+        opt = ga.optim.Adam(lr=args.lr_start)
     t0 = time.perf_counter()
     result = ga.train.fit(
         model,
-        model.init(seed, xp=xp, dtype=xp.float64),
+        initial_params(model, seed, args.init, xp, dtype),
         (x, y),
         opt,
         ga.nn.RelativeL2Loss(),
@@ -84,7 +105,11 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> dict:
         progress=False,
     )
     with np.errstate(over="ignore", invalid="ignore"):
-        pred = np.asarray(ga.models.iterate(model, result.params, reference[:, :T, :], args.rollout + args.seq_len - T))
+        pred = np.asarray(
+            ga.models.iterate(
+                model, result.params, xp.astype(reference[:, :T, :], dtype), args.rollout + args.seq_len - T
+            )
+        ).astype(np.float64)
         R = np.asarray(reference)
         norms = np.linalg.norm(pred, axis=-1)
         diverged = divergence_step(pred, norms, T)
@@ -163,11 +188,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--lr-start", type=float, default=1e-2)
     p.add_argument("--lr-end", type=float, default=1e-6)
     p.add_argument("--rollout", type=int, default=500)
+    p.add_argument(
+        "--schedule",
+        choices=("decay", "constant"),
+        default="decay",
+        help="decay: AdamWithDecay --lr-start -> --lr-end over the run (the tutorial's); constant: Adam at --lr-start",
+    )
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--init", choices=INITS, default="random", help="see initial_params (default: random)")
+    p.add_argument("--L", type=int, default=3, help="transformer units (the VP feed-forward gets L × n_blocks blocks)")
+    p.add_argument("--n-blocks", type=int, default=2)
     p.add_argument("--models", nargs="+", default=["vpt", "vpff", "standard"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     for name in args.models:
-        build(name, args.seq_len)  # unknown names fail before any training
+        build(name, args.seq_len, args.L, args.n_blocks)  # unknown names fail before any training
 
     commit = _commit()
     z0 = systems.rigid_body_initial_conditions(xp=xp)[:: args.every, ...]
