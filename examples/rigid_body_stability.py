@@ -33,19 +33,14 @@ rollouts stayed, and how many diverged. ``--json`` writes it with every run, the
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import shlex
-import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
+from _results import command, commit, stats, write_json
 
 import geoarray as ga
-from geoarray.commands.dynamics import divergence_step
+from geoarray.commands.dynamics import DIVERGENCE_FACTOR, divergence_step
 from geoarray.data import systems, windows
 
 HELD_OUT_V = (0.555, 1.105, 1.655, 2.205, 3.305, 4.405)  # between the grid points v = 0.1:0.01:2π
@@ -78,7 +73,7 @@ def initial_params(model, seed: int, init: str, xp, dtype):
     return tuple({k: (v * 0 if k in zeroed else v) for k, v in p.items()} for p in params)
 
 
-def run_one(name: str, seed: int, trajectories, reference, args) -> dict:
+def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, np.ndarray]:
     import array_api_compat.numpy as xp
 
     model = build(name, args.seq_len, args.L, args.n_blocks)
@@ -112,10 +107,13 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> dict:
         ).astype(np.float64)
         R = np.asarray(reference)
         norms = np.linalg.norm(pred, axis=-1)
-        diverged = divergence_step(pred, norms, T)
+        # every model starts from the same first T0 = --seq-len true states (a one-step model predicts
+        # the states after its first): step n is state T0 − 1 + n for every model
+        T0 = args.seq_len
+        diverged = divergence_step(pred[:, T0 - 1 :, :], norms[:, T0 - 1 :], 1)
         rel = float(np.linalg.norm(pred - R) / np.linalg.norm(R))
         drift = float(np.max(np.abs(norms - norms[..., :1])))
-    return {
+    run = {
         "model": name,
         "repr": repr(model),
         "seed": seed,
@@ -123,20 +121,11 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> dict:
         "diverged_at_step": diverged,
         "rollout_relative_error": rel if diverged is None else None,
         "max_norm_drift": drift if diverged is None else None,
+        "window": T,
         "updates": steps_per_epoch * args.epochs,
         "seconds": time.perf_counter() - t0,
     }
-
-
-def _stats(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    return {
-        "mean": statistics.mean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-    }
+    return run, pred
 
 
 def summarise(results: list[dict], models: list[str]) -> list[dict]:
@@ -149,11 +138,11 @@ def summarise(results: list[dict], models: list[str]) -> list[dict]:
                 "model": name,
                 "repr": rs[0]["repr"],
                 "seeds": [r["seed"] for r in rs],
-                "final_train_loss": _stats([r["train_loss"] for r in rs]),
+                "final_train_loss": stats([r["train_loss"] for r in rs]),
                 "diverged": len(rs) - len(stayed),
                 "diverged_at_steps": [r["diverged_at_step"] for r in rs if r["diverged_at_step"] is not None],
-                "rollout_relative_error": _stats([r["rollout_relative_error"] for r in stayed]),
-                "max_norm_drift": _stats([r["max_norm_drift"] for r in stayed]),
+                "rollout_relative_error": stats([r["rollout_relative_error"] for r in stayed]),
+                "max_norm_drift": stats([r["max_norm_drift"] for r in stayed]),
             }
         )
     return rows
@@ -163,16 +152,43 @@ def _fmt(s: dict | None, spec: str) -> str:
     return "—" if s is None else f"{s['mean']:{spec}} ± {s['std']:{spec}}"
 
 
-def _commit() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, sample: int = 0) -> None:
+    """Seed 0: held-out start ``sample`` on the unit sphere (truth and every model's 500-step rollout)
+    and the largest |‖z‖ − ‖z₀‖| over the held-out starts against the rollout step for every model; a
+    diverged rollout is drawn up to the step where it left (×), the axes at the truth's scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from geoarray.commands._dynamics_plots import Rollout, draw_invariant_drift, draw_sphere
+
+    drawn = [
+        Rollout(
+            name,
+            P,
+            np.linalg.norm(P, axis=-1),
+            runs[name]["diverged_at_step"],
+            offset=T0 - 1,
         )
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
+        for name, P in rollouts.items()
+    ]
+    fig = plt.figure(figsize=(13, 5))
+    ax = fig.add_subplot(1, 2, 1, projection="3d")
+    draw_sphere(ax, reference, drawn, sample=sample)
+    v = reference[sample, 0]
+    ax.set_title(f"held-out start z0 = ({v[0]:.2f}, {v[1]:.2f}, {v[2]:.2f}), seed 0")
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(1, 2, 2)
+    draw_invariant_drift(
+        ax, np.linalg.norm(reference, axis=-1), drawn, offset=T0 - 1, ceiling=2 * DIVERGENCE_FACTOR, floor=1e-8
+    )
+    ax.axhline(DIVERGENCE_FACTOR, color="red", linewidth=0.8, label="divergence threshold")
+    ax.set(ylabel="max |‖z‖ − ‖z₀‖| over held-out starts", title="drift of ‖z‖ (truth: 0 to rounding), seed 0")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -200,11 +216,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--n-blocks", type=int, default=2)
     p.add_argument("--models", nargs="+", default=["vpt", "vpff", "standard"])
     p.add_argument("--json", default=None)
+    p.add_argument("--figure", default=None, help="PNG: seed 0's rollouts on the sphere and ‖z‖ drift of every model")
     args = p.parse_args(argv)
     for name in args.models:
         build(name, args.seq_len, args.L, args.n_blocks)  # unknown names fail before any training
 
-    commit = _commit()
+    ran = commit()  # the code that runs, not the HEAD at the end of a long run
     z0 = systems.rigid_body_initial_conditions(xp=xp)[:: args.every, ...]
     trajectories = systems.rigid_body_trajectories(z0, round(args.t_end / 0.2))
     val0 = xp.asarray(
@@ -219,11 +236,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         flush=True,
     )
     t0 = time.perf_counter()
-    results = []
+    results, first = [], {}
     for seed in range(args.seeds):
         for name in args.models:
-            r = run_one(name, seed, trajectories, reference, args)
+            r, pred = run_one(name, seed, trajectories, reference, args)
             results.append(r)
+            if seed == 0:
+                first[name] = (r, pred)
             outcome = (
                 f"diverged at step {r['diverged_at_step']}"
                 if r["diverged_at_step"] is not None
@@ -242,26 +261,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     total = time.perf_counter() - t0
     print(f"total {total:.0f} s")
-    if args.json:
-        command = "python examples/rigid_body_stability.py " + " ".join(
-            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    if args.figure and first:
+        plot(
+            args.figure,
+            {n: pr for n, (_, pr) in first.items()},
+            {n: r for n, (r, _) in first.items()},
+            np.asarray(reference),
+            args.seq_len,
         )
-        parent = os.path.dirname(args.json)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {
-                    "command": command,
-                    "commit": commit,
-                    "config": vars(args),
-                    "total_seconds": total,
-                    "table": rows,
-                    "results": results,
-                },
-                fh,
-                indent=1,
-            )
+        print(f"wrote {args.figure}")
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "command": command("rigid_body_stability.py", argv),
+                "commit": ran,
+                "config": vars(args),
+                "divergence_criterion": f"non-finite or |‖z‖ - ‖z0‖| > {DIVERGENCE_FACTOR:g} ‖z0‖",
+                "figures": [args.figure] if args.figure else [],
+                "total_seconds": total,
+                "table": rows,
+                "results": results,
+            },
+        )
     return rows
 
 

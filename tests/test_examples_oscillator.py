@@ -9,30 +9,22 @@ left after step 50) or stayed (finite errors and drift); each row's diverged cou
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import statistics
 
 import numpy as np
 import pytest
+from _examples import load_example
 
 from _helpers import to_numpy
 from _layer_checks import jacobian, random_input, symplectic_form
 from geoarray import models
 from geoarray.nn import LinearSymplecticAttentionP, LinearSymplecticAttentionQ
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "oscillator_stability", os.path.join(EXAMPLES, "oscillator_stability.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("oscillator_stability")
 
 
 def _check_row(row, runs, rollout, short):

@@ -221,43 +221,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot_rollout(pred, ref, inv_pred, inv_ref, inv_name: str, T: int, diverged: int | None, path: str) -> None:
-    """The first validation rollout against the truth, and its invariant; the axes are clipped to the
-    truth's range (with a margin) and a diverged rollout is drawn up to the marked step where it left,
-    so the blow-up does not flatten the truth into a line."""
+    """The first validation rollout against the truth in the system's geometry — on the unit sphere for
+    the rigid body (3 dimensions), the phase portraits (q_i, p_i) for a Hamiltonian system — and the
+    invariant's drift over the rollout; the axes keep the truth's range and a diverged rollout is drawn
+    up to the step where it left, marked (see :mod:`._dynamics_plots`)."""
     import matplotlib
     import numpy as np
 
     from .._backend import to_host
+    from ._dynamics_plots import Rollout, draw_invariant_drift, draw_phase_portrait, draw_sphere
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    P, R = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (pred, ref))
-    Ip, Ir = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (inv_pred, inv_ref))
-    if diverged is not None:  # the model's curves stop where it left: what follows is the blow-up
-        P, Ip = P[: T + diverged, :], Ip[: T + diverged]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for k in range(P.shape[-1]):
-        axes[0].plot(R[:, k], color=f"C{k}", label=f"z{k + 1} reference")
-        axes[0].plot(P[:, k], "--", color=f"C{k}", label=f"z{k + 1} model")
-    lo, hi = float(R.min()), float(R.max())
-    pad = 0.5 * max(hi - lo, 1e-3)
-    axes[0].set_ylim(lo - pad, hi + pad)
-    axes[0].set(xlabel="step", title="validation rollout")
-    i0 = float(Ir[0])
-    axes[1].plot(Ir, label="reference")
-    axes[1].plot(Ip, "--", label="model")
-    half = 2 * DIVERGENCE_FACTOR * max(abs(i0), 1e-3)
-    axes[1].set_ylim(i0 - half, i0 + half)
-    axes[1].set(xlabel="step", ylabel=inv_name, title="invariant drift")
-    if diverged is not None:
-        for ax in axes:
-            ax.axvline(T - 1 + diverged, color="red", linewidth=0.8)
-        axes[1].text(
-            T - 1 + diverged, i0 + 0.9 * half, f" diverged at step {diverged}", color="red", va="top", fontsize=8
-        )
-    axes[0].legend(fontsize=6)
-    axes[1].legend()
+    P, R = (np.asarray(to_host(a[:1, ...]), dtype=np.float64) for a in (pred, ref))
+    Ip, Ir = (np.asarray(to_host(a[:1, ...]), dtype=np.float64) for a in (inv_pred, inv_ref))
+    run = [Rollout("model", P, Ip, diverged, offset=T - 1)]
+    d = R.shape[-1]
+    n_geo = 1 if d == 3 else d // 2
+    fig = plt.figure(figsize=(5 * (n_geo + 1), 4.2))
+    if d == 3:
+        ax = fig.add_subplot(1, 2, 1, projection="3d")
+        draw_sphere(ax, R, run)
+        ax.set_title("validation rollout on the sphere |z| = 1")
+        ax.legend(fontsize=7)
+    else:
+        for i in range(n_geo):
+            ax = fig.add_subplot(1, n_geo + 1, i + 1)
+            draw_phase_portrait(ax, R, run, i, d // 2 + i)
+            q, p = ("q", "p") if n_geo == 1 else (f"q{i + 1}", f"p{i + 1}")
+            ax.set(xlabel=q, ylabel=p, title=f"phase portrait ({q}, {p})")
+        fig.axes[0].legend(fontsize=7)
+    ax = fig.add_subplot(1, n_geo + 1, n_geo + 1)
+    ceiling = 2 * DIVERGENCE_FACTOR * max(float(np.abs(Ir[..., 0]).max()), 1e-3)
+    draw_invariant_drift(ax, Ir, run, offset=T - 1, ceiling=ceiling, floor=1e-8)
+    ax.axhline(DIVERGENCE_FACTOR * abs(float(Ir[0, 0])), color="red", linewidth=0.8, label="divergence threshold")
+    ax.set(ylabel=f"|{inv_name} − its initial value|", title=f"drift of {inv_name}")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
