@@ -11,7 +11,6 @@ import re
 
 import numpy as np
 import pytest
-
 from _examples import load_example
 
 
@@ -30,7 +29,7 @@ def test_stats_agree_with_numpy(results):
     rng = np.random.default_rng(0)
     for n in (1, 2, 5, 8):
         values = list(rng.lognormal(size=n))
-        s = results.stats(values + [None, None])
+        s = results.stats([*values, None, None])
         a = np.asarray(values)
         assert s["n"] == n and s["non_finite"] == 2
         np.testing.assert_allclose(s["mean"], a.mean(), rtol=1e-12, atol=0)
