@@ -24,8 +24,6 @@ def _torch_session(backend):
         pytest.skip("examples/copying_problem.py is plain PyTorch (model, data, torch.optim baseline): torch sessions")
 
 
-
-
 @pytest.fixture(scope="module")
 def example():
     # a module fixture is set up before the function-scoped skip above: sessions without torch skip here
