@@ -18,16 +18,27 @@ Training as there: ``AdamWithDecay`` from η = ``--lr-start`` to ``--lr-end`` ov
 relative L2 loss ‖ŷ − y‖/‖y‖, float64. The budget is ``--epochs`` × ``--batch-size``-sized updates
 (the tutorial: 500,000 epochs of batch 16384 on a GPU); the script states what it ran.
 
+The factors besides the budget, each settable: ``--schedule constant`` (Adam at ``--lr-start``
+instead of the decay), ``--seq-len`` T, ``--dtype float32``, ``--init`` (``zero-attention``: every
+volume-preserving attention starts at A = 0, i.e. the identity; ``identity``: every A, L, U of the
+volume-preserving layers at 0, the whole model the identity map), depth ``--L`` units (the VP
+feed-forward network gets ``--L`` × ``--n-blocks`` blocks).
+
 Evaluation: from held-out initial conditions (v off the training grid; the first T true states as
 the start) the model is iterated ``--rollout`` steps; reported per seed: the final training loss,
 the relative error ‖Z − Z_true‖/‖Z_true‖ over the rollout, the largest |‖z‖ − ‖z₀‖| along it (0 for
 the true flow) and, if the rollout left — a non-finite state, or ‖z‖ off by more than 100 % (the
 criterion of ``geoarray train vpt``) — the step where it did, instead of the error and drift (which
-would then measure the blow-up). The table gives mean ± sample standard deviation over the seeds whose
-rollouts stayed, and how many diverged. ``--json`` writes it with every run, the command and the commit.
+would then measure the blow-up). Every model starts from the same first T true states, so step n is
+the same state for all (a one-step model's first predictions are the window's own states). The table
+gives mean ± sample standard deviation over the seeds whose rollouts stayed, and how many diverged.
+``--json`` writes it with every run, the command and the commit; ``--figure`` a PNG of seed 0's
+rollouts on the unit sphere against the truth and every model's ‖z‖ drift over the rollout (a diverged
+rollout drawn up to the step where it left).
 
     python examples/rigid_body_stability.py [--seeds 4] [--epochs 60] [--batch-size 1024] [--every 2]
                                             [--models vpt vpff standard] [--json results/rigid_body.json]
+                                            [--figure results/rigid_body.png]
 """
 
 from __future__ import annotations
