@@ -242,8 +242,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     reference = systems.rigid_body_trajectories(val0, args.rollout + args.seq_len - 1)
     print(
         f"rigid body: {z0.shape[0]} trajectories of {trajectories.shape[1]} states (t in [0, {args.t_end:g}]), "
-        f"{args.epochs} epochs of batch {args.batch_size}, AdamWithDecay {args.lr_start:g} -> {args.lr_end:g}, "
-        f"relative L2 loss; {val0.shape[0]} held-out rollouts of {args.rollout} steps; seeds 0..{args.seeds - 1}",
+        f"{args.epochs} epochs of batch {args.batch_size}, "
+        + (
+            f"AdamWithDecay {args.lr_start:g} -> {args.lr_end:g}"
+            if args.schedule == "decay"
+            else f"Adam {args.lr_start:g} (constant)"
+        )
+        + f", {args.dtype}, init {args.init}, L = {args.L}, T = {args.seq_len}, relative L2 loss; "
+        f"{val0.shape[0]} held-out rollouts of {args.rollout} steps; seeds 0..{args.seeds - 1}",
         flush=True,
     )
     t0 = time.perf_counter()
