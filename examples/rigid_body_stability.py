@@ -84,6 +84,27 @@ def initial_params(model, seed: int, init: str, xp, dtype):
     return tuple({k: (v * 0 if k in zeroed else v) for k, v in p.items()} for p in params)
 
 
+def rollout(model, params, start, n_steps: int) -> np.ndarray:
+    """``ga.models.iterate`` (float64 on the host), and for a rollout that blew up so far that a layer
+    cannot be evaluated any more (the Cayley transform of the volume-preserving attention raises
+    ``LinAlgError`` on a non-finite window) the states up to there followed by NaN: it has diverged
+    long before, and :func:`divergence_step` reports where."""
+    try:
+        return np.asarray(ga.models.iterate(model, params, start, n_steps)).astype(np.float64)
+    except np.linalg.LinAlgError:
+        T = start.shape[-2]
+        parts, window = [np.asarray(start, dtype=np.float64)], start
+        try:
+            while sum(p.shape[-2] for p in parts) < T + n_steps:
+                window = model.apply(params, window)
+                parts.append(np.asarray(window, dtype=np.float64))
+        except np.linalg.LinAlgError:
+            pass
+        done = np.concatenate(parts, axis=-2)[..., : T + n_steps, :]
+        gap = np.full((*done.shape[:-2], T + n_steps - done.shape[-2], done.shape[-1]), np.nan)
+        return np.concatenate([done, gap], axis=-2)
+
+
 def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, np.ndarray]:
     import array_api_compat.numpy as xp
 
@@ -111,11 +132,7 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, 
         progress=False,
     )
     with np.errstate(over="ignore", invalid="ignore"):
-        pred = np.asarray(
-            ga.models.iterate(
-                model, result.params, xp.astype(reference[:, :T, :], dtype), args.rollout + args.seq_len - T
-            )
-        ).astype(np.float64)
+        pred = rollout(model, result.params, xp.astype(reference[:, :T, :], dtype), args.rollout + args.seq_len - T)
         R = np.asarray(reference)
         norms = np.linalg.norm(pred, axis=-1)
         # every model starts from the same first T0 = --seq-len true states (a one-step model predicts
