@@ -51,7 +51,7 @@ import numpy as np
 from _results import command, commit, stats, write_json
 
 import geoarray as ga
-from geoarray.commands.dynamics import DIVERGENCE_FACTOR, divergence_step
+from geoarray.commands.dynamics import DIVERGENCE_FACTOR, divergence_step, rollout
 from geoarray.data import systems, windows
 
 HELD_OUT_V = (0.555, 1.105, 1.655, 2.205, 3.305, 4.405)  # between the grid points v = 0.1:0.01:2π
@@ -84,27 +84,6 @@ def initial_params(model, seed: int, init: str, xp, dtype):
     return tuple({k: (v * 0 if k in zeroed else v) for k, v in p.items()} for p in params)
 
 
-def rollout(model, params, start, n_steps: int) -> np.ndarray:
-    """``ga.models.iterate`` (float64 on the host), and for a rollout that blew up so far that a layer
-    cannot be evaluated any more (the Cayley transform of the volume-preserving attention raises
-    ``LinAlgError`` on a non-finite window) the states up to there followed by NaN: it has diverged
-    long before, and :func:`divergence_step` reports where."""
-    try:
-        return np.asarray(ga.models.iterate(model, params, start, n_steps)).astype(np.float64)
-    except np.linalg.LinAlgError:
-        T = start.shape[-2]
-        parts, window = [np.asarray(start, dtype=np.float64)], start
-        try:
-            while sum(p.shape[-2] for p in parts) < T + n_steps:
-                window = model.apply(params, window)
-                parts.append(np.asarray(window, dtype=np.float64))
-        except np.linalg.LinAlgError:
-            pass
-        done = np.concatenate(parts, axis=-2)[..., : T + n_steps, :]
-        gap = np.full((*done.shape[:-2], T + n_steps - done.shape[-2], done.shape[-1]), np.nan)
-        return np.concatenate([done, gap], axis=-2)
-
-
 def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, np.ndarray]:
     import array_api_compat.numpy as xp
 
@@ -132,7 +111,8 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, 
         progress=False,
     )
     with np.errstate(over="ignore", invalid="ignore"):
-        pred = rollout(model, result.params, xp.astype(reference[:, :T, :], dtype), args.rollout + args.seq_len - T)
+        start = xp.astype(reference[:, :T, :], dtype)
+        pred = np.asarray(rollout(model, result.params, start, args.rollout + args.seq_len - T)).astype(np.float64)
         R = np.asarray(reference)
         norms = np.linalg.norm(pred, axis=-1)
         # every model starts from the same first T0 = --seq-len true states (a one-step model predicts

@@ -46,3 +46,26 @@ def test_exact_window_map_rolls_out_the_truth(xp, device, T):
     # no period-T pattern in the second differences: at the joins as inside the windows
     d2 = np.linalg.norm(np.diff(to_numpy(rollout), 2, axis=1) - np.diff(to_numpy(truth), 2, axis=1), axis=-1)
     assert d2.max() <= 1e-12
+
+
+class _BlowsUp:
+    """A window map that doubles its input and fails on a window with entries ≥ 4, as the volume-
+    preserving attention's Cayley transform does on a non-finite window (NumPy's LinAlgError)."""
+
+    seq_len = 2
+
+    def apply(self, params, Z):
+        if float(np.max(to_numpy(Z))) >= 4:
+            raise np.linalg.LinAlgError("Singular matrix")
+        return 2 * Z
+
+
+def test_rollout_past_a_singular_layer_is_nan_and_diverged(xp, device):
+    from geoarray.commands.dynamics import divergence_step, rollout
+
+    start = xp.ones((1, 2, 3), dtype=xp.float64, device=device)
+    out = to_numpy(rollout(_BlowsUp(), None, start, 9))  # 1 → 2 → 4, then the map fails
+    assert out.shape == (1, 11, 3)
+    np.testing.assert_array_equal(out[0, :6, 0], [1, 1, 2, 2, 4, 4])  # the two windows computed are kept
+    assert np.isnan(out[0, 6:]).all()
+    assert divergence_step(out, np.linalg.norm(out, axis=-1), 2) == 3  # ‖z‖ = 4 ‖z₀‖ > 2 ‖z₀‖ at state 4

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._common import CommandError, add_common_train_options, positive_float, positive_int
 
-__all__ = ["DIVERGENCE_FACTOR", "add_train_parsers", "divergence_step", "run"]
+__all__ = ["DIVERGENCE_FACTOR", "add_train_parsers", "divergence_step", "rollout", "run"]
 
 # A rollout has diverged at the first predicted state that is non-finite or whose invariant I is off
 # by more than this multiple of |I(z_0)| (for the rigid body ‖z‖ doubled or collapsed to 0): past that
@@ -40,6 +40,47 @@ def divergence_step(states: Any, invariant: Any, T: int, factor: float = DIVERGE
     bad = bad.reshape(-1, bad.shape[-1]).any(axis=0)[T:]
     hits = np.flatnonzero(bad)
     return int(hits[0]) + 1 if hits.size else None
+
+
+def _singular_errors() -> tuple:
+    import sys
+
+    import numpy as np
+
+    errors = [np.linalg.LinAlgError]
+    if "torch" in sys.modules:  # torch.linalg.inv raises its own (a RuntimeError) on a singular matrix
+        errors.append(sys.modules["torch"].linalg.LinAlgError)
+    return tuple(errors)
+
+
+def rollout(model: Any, params: Any, initial_window: Any, n_steps: int) -> Any:
+    """:func:`geoarray.models.iterate`, and for a rollout that blew up so far that a layer cannot be
+    evaluated any more (the volume-preserving attention's Cayley transform of a non-finite window is
+    singular: NumPy and torch raise) the states computed up to there followed by NaN — it has diverged
+    long before, and :func:`divergence_step` says where."""
+    from .. import models
+    from .._backend import array_namespace
+
+    errors = _singular_errors()
+    try:
+        return models.iterate(model, params, initial_window, n_steps)
+    except errors:
+        xp = array_namespace(initial_window)
+        T = initial_window.shape[-2]
+        parts, window, produced = [initial_window], initial_window, 0
+        try:
+            while produced < n_steps:
+                window = model.apply(params, window)
+                parts.append(window)
+                produced += T
+        except errors:
+            pass
+        done = xp.concat(parts, axis=-2)
+        if done.shape[-2] > T + n_steps:  # the last window ran past the end (strict: no slicing past it)
+            done = done[..., : T + n_steps, :]
+        shape = (*done.shape[:-2], T + n_steps - done.shape[-2], done.shape[-1])
+        gap = xp.full(shape, float("nan"), dtype=done.dtype, device=getattr(done, "device", None))
+        return xp.concat([done, gap], axis=-2)
 
 
 def add_train_parsers(train_subparsers: Any) -> None:
@@ -147,7 +188,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import models, nn, optim, train
+    from .. import nn, optim, train
     from ..data import windows
     from ._common import checkpoint_options, namespace_for, require, write_json
 
@@ -174,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     with np.errstate(over="ignore", invalid="ignore"):  # a diverging NumPy rollout is reported below
-        pred = models.iterate(model, result.params, val[:, :T, :], args.rollout)
+        pred = rollout(model, result.params, val[:, :T, :], args.rollout)
         ref = val[:, : T + args.rollout, :]
         inv_pred, inv_ref = inv(pred), inv(ref)
         diverged = divergence_step(pred, inv_pred, T)
