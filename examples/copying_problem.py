@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
 
 import torch
+from _results import command, commit, stats, write_json
 from torch import nn
 
 import geoarray.torch as gt
@@ -181,12 +181,8 @@ def _mean_finite(values: list) -> float | None:
 
 
 def _stats(values: list) -> dict:
-    finite = [v for v in values if v is not None]
-    return {
-        "mean": statistics.mean(finite) if finite else None,
-        "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
-        "non_finite": len(values) - len(finite),
-    }
+    """:func:`_results.stats`, and a row with no finite value says so (its mean None) rather than None."""
+    return stats(values) or {"mean": None, "std": 0.0, "n": 0, "non_finite": len(values)}
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -240,20 +236,6 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-        )
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=300, help="L, the number of blanks to remember across")
@@ -285,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
-    commit = _commit()
+    ran = commit()  # the code that runs, not the HEAD at the end of a long run
     runs = []
     for seed in range(args.seeds):
         for method in args.methods:
@@ -293,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
             r = runs[-1]
             # after every run: a long sweep cut short keeps what it finished
             if args.json:
-                _write_json(_result(runs, args, argv, commit), args.json)
+                write_json(args.json, _result(runs, args, argv, ran))
             if args.plot:
                 plot(runs, args, args.plot)
             print(
@@ -312,32 +294,21 @@ def main(argv: list[str] | None = None) -> dict:
             f"(non-finite {fl['non_finite']}), "
             f"accuracy {acc['mean']:.3f} ± {acc['std']:.3f}, ‖WᵀW − I‖ {err['mean']:.1e}"
         )
-    result = _result(runs, args, argv, commit)
+    result = _result(runs, args, argv, ran)
     if args.json:
-        _write_json(result, args.json)
+        write_json(args.json, result)
     return result
 
 
-def _result(runs: list[dict], args: argparse.Namespace, argv: list[str], commit: str | None) -> dict:
-    import shlex
-
+def _result(runs: list[dict], args: argparse.Namespace, argv: list[str], ran: str | None) -> dict:
     return {
-        "command": "python examples/copying_problem.py " + shlex.join(argv),
-        "commit": commit,
+        "command": command("copying_problem.py", argv),
+        "commit": ran,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "log_every")},
         "baseline_loss": baseline_loss(args.length),
         "table": summarise(runs),
         "runs": runs,
     }
-
-
-def _write_json(result: dict, path: str) -> None:
-    import json
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -39,15 +39,12 @@ the step where it left.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shlex
-import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
+from _results import command, commit, stats
+from _results import write_json as _write
 
 import geoarray as ga
 from geoarray.commands.dynamics import DIVERGENCE_FACTOR, divergence_step
@@ -106,6 +103,7 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, 
         short = _rel(pred[:, : T0 + SHORT, :], R[:, : T0 + SHORT, :])
         rel = _rel(pred, R)
         drift = float(np.max(np.abs(H - H[:, :1])))
+        joins = join_error_ratio(pred[:, : T0 + SHORT, :], R[:, : T0 + SHORT, :], T) if T > 1 else None
     run = {
         "model": name,
         "repr": repr(model),
@@ -115,21 +113,24 @@ def run_one(name: str, seed: int, trajectories, reference, args) -> tuple[dict, 
         f"relative_error_{SHORT}": short if diverged is None or diverged > SHORT else None,
         "relative_error": rel if diverged is None else None,
         "max_energy_drift": drift if diverged is None else None,
+        "join_error_ratio": joins if diverged is None or diverged > SHORT else None,
         "seconds": time.perf_counter() - t0,
     }
     return run, pred
 
 
-def _stats(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    return {
-        "mean": statistics.mean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "n": len(values),
-        "min": min(values),
-        "max": max(values),
-    }
+def join_error_ratio(P: np.ndarray, R: np.ndarray, T: int) -> float:
+    """How much rougher the rollout is at the joins between predicted windows than inside them: the mean
+    error of the second differences ‖Δ²P − Δ²R‖ centred on a window's first or last state (they straddle
+    a join) over the mean centred on its inner states. 1: no join effect; the symplectic transformer's
+    zig-zag (README) is a ratio of 2–3. ``P`` and ``R`` (n, T + steps, d), the first T states given."""
+    e = np.linalg.norm(np.diff(P, 2, axis=1) - np.diff(R, 2, axis=1), axis=-1)  # centred on states 1 … N − 2
+    centres = np.arange(1, P.shape[1] - 1)
+    position = (centres - T) % T  # the centre's place in its predicted window (the given window: T − 1 …)
+    predicted = centres >= T
+    at_join = predicted & ((position == 0) | (position == T - 1))
+    inside = predicted & ~at_join
+    return float(e[:, at_join].mean() / e[:, inside].mean())
 
 
 def summarise(results: list[dict], models: list[str]) -> list[dict]:
@@ -144,14 +145,15 @@ def summarise(results: list[dict], models: list[str]) -> list[dict]:
                 "model": name,
                 "repr": rs[0]["repr"],
                 "seeds": [r["seed"] for r in rs],
-                "final_train_loss": _stats([r["train_loss"] for r in rs]),
+                "final_train_loss": stats([r["train_loss"] for r in rs]),
                 "diverged": len(rs) - len(stayed),
                 "diverged_at_steps": [r["diverged_at_step"] for r in rs if r["diverged_at_step"] is not None],
-                f"relative_error_{SHORT}": _stats(
+                f"relative_error_{SHORT}": stats(
                     [r[f"relative_error_{SHORT}"] for r in rs if r[f"relative_error_{SHORT}"] is not None]
                 ),
-                "relative_error": _stats([r["relative_error"] for r in stayed]),
-                "max_energy_drift": _stats([r["max_energy_drift"] for r in stayed]),
+                "relative_error": stats([r["relative_error"] for r in stayed]),
+                "max_energy_drift": stats([r["max_energy_drift"] for r in stayed]),
+                "join_error_ratio": stats([r["join_error_ratio"] for r in rs]),
             }
         )
     return rows
@@ -165,55 +167,37 @@ def _fmt(s: dict | None, spec: str, total: int | None = None) -> str:
     return f"{s['mean']:{spec}} ± {s['std']:{spec}}{over}"
 
 
-def _commit() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-        )
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, sample: int = 0) -> None:
     """Energy drift |H − H₀| over the whole rollout for every model (the worst held-out start at each
     step) and the phase portraits of held-out start ``sample`` over the first ``PORTRAIT`` steps (the
-    whole rollout fills the annulus); a diverged rollout is drawn up to the step where it left."""
+    whole rollout fills the annulus); a diverged rollout is drawn up to the step where it left (×)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from geoarray.commands._dynamics_plots import Rollout, draw_invariant_drift, draw_phase_portrait
+
     R = reference
-    H_ref = np.asarray(systems.coupled_oscillator_hamiltonian(R))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    steps = np.arange(R.shape[1]) - (T0 - 1)
-    n = min(T0 + PORTRAIT, R.shape[1])
-    for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
-        ax.plot(R[sample, :n, iq], R[sample, :n, ip], color="0.6", lw=4, label="truth")
     with np.errstate(over="ignore", invalid="ignore"):
-        axes[0].semilogy(steps, np.maximum(np.abs(H_ref - H_ref[:, :1]).max(axis=0), 1e-16), "k", lw=2, label="truth")
-        for i, (name, P) in enumerate(rollouts.items()):
-            d = runs[name]["diverged_at_step"]
-            end = P.shape[1] if d is None else T0 + d
-            H = np.asarray(systems.coupled_oscillator_hamiltonian(P[:, :end, :]))
-            label = name if d is None else f"{name} (diverged at step {d})"
-            drift = np.maximum(np.abs(H - H[:, :1]).max(axis=0), 1e-16)
-            axes[0].semilogy(steps[:end], drift, color=f"C{i}", label=label)
-            if d is not None:  # where it left: past this the curve would measure the blow-up
-                axes[0].plot(steps[end - 1], drift[-1], "x", color=f"C{i}", markersize=8)
-            for ax, (iq, ip) in zip(axes[1:], ((0, 2), (1, 3)), strict=True):
-                ax.plot(P[sample, : min(end, n), iq], P[sample, : min(end, n), ip], color=f"C{i}", lw=1, label=name)
-    axes[0].set_ylim(1e-8, 10.0)
-    axes[0].set(xlabel="rollout step", ylabel="max |H − H₀| over held-out starts", title="energy drift (seed 0)")
+        drawn = [
+            Rollout(
+                name,
+                P,
+                np.asarray(systems.coupled_oscillator_hamiltonian(P)),
+                runs[name]["diverged_at_step"],
+                offset=T0 - 1,
+            )
+            for name, P in rollouts.items()
+        ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    H_ref = np.asarray(systems.coupled_oscillator_hamiltonian(R))
+    draw_invariant_drift(axes[0], H_ref, drawn, offset=T0 - 1, ceiling=10.0, floor=1e-8)
+    axes[0].set(ylabel="max |H − H₀| over held-out starts", title="energy drift (seed 0)")
     axes[0].legend(fontsize=7)
+    n = min(T0 + PORTRAIT, R.shape[1])
     for ax, (iq, ip), lab in zip(axes[1:], ((0, 2), (1, 3)), ("1", "2"), strict=True):
-        for k, lim in ((iq, ax.set_xlim), (ip, ax.set_ylim)):
-            lo, hi = float(R[sample, :, k].min()), float(R[sample, :, k].max())
-            pad = 0.5 * max(hi - lo, 1e-3)
-            lim(lo - pad, hi + pad)
+        draw_phase_portrait(ax, R, drawn, iq, ip, n_states=n, sample=sample)
         ax.set(
             xlabel=f"q{lab}",
             ylabel=f"p{lab}",
@@ -225,30 +209,22 @@ def plot(path: str, rollouts: dict, runs: dict, reference: np.ndarray, T0: int, 
     plt.close(fig)
 
 
-def write_json(args, argv, commit, rows, results, total, *, complete: bool) -> None:
-    command = "python examples/oscillator_stability.py " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+def write_json(args, argv, ran, rows, results, total, *, complete: bool) -> None:
+    _write(
+        args.json,
+        {
+            "command": command("oscillator_stability.py", argv),
+            "commit": ran,
+            "complete": complete,
+            "config": vars(args),
+            "divergence_criterion": f"non-finite or |H - H0| > {DIVERGENCE_FACTOR:g} |H0|",
+            "held_out_q1": list(HELD_OUT_Q1),
+            "figures": [args.figure] if args.figure and complete else [],
+            "total_seconds": total,
+            "table": rows,
+            "results": results,
+        },
     )
-    parent = os.path.dirname(args.json)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(args.json, "w", encoding="utf-8") as fh:
-        json.dump(
-            {
-                "command": command,
-                "commit": commit,
-                "complete": complete,
-                "config": vars(args),
-                "divergence_criterion": f"non-finite or |H - H0| > {DIVERGENCE_FACTOR:g} |H0|",
-                "held_out_q1": list(HELD_OUT_Q1),
-                "figures": [args.figure] if args.figure and complete else [],
-                "total_seconds": total,
-                "table": rows,
-                "results": results,
-            },
-            fh,
-            indent=1,
-        )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -277,7 +253,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.rollout < SHORT:
         raise ValueError(f"--rollout: expected at least {SHORT} steps, got {args.rollout}")
 
-    commit = _commit()
+    ran = commit()  # the code that runs, not the HEAD at the end of a long run
     T0 = args.seq_len
     trajectories = systems.coupled_oscillator_trajectories(
         systems.coupled_oscillator_initial_conditions(args.n_traj, xp=xp), args.n_steps
@@ -297,29 +273,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r, pred = run_one(name, seed, trajectories, reference, args)
             results.append(r)
             if args.json:  # after every run, so that a long run interrupted keeps what it measured
-                write_json(args, argv, commit, summarise(results, args.models), results, None, complete=False)
+                write_json(args, argv, ran, summarise(results, args.models), results, None, complete=False)
             if seed == 0:
                 first[name] = (r, pred)
-            short = r[f"relative_error_{SHORT}"]
-            outcome = f"{SHORT}-step rel. error {'—' if short is None else f'{short:.3f}'}, " + (
-                f"DIVERGED at step {r['diverged_at_step']}"
-                if r["diverged_at_step"] is not None
-                else f"{args.rollout}-step {r['relative_error']:.3f}, max |H−H0| {r['max_energy_drift']:.3g}"
+            short, joins = r[f"relative_error_{SHORT}"], r["join_error_ratio"]
+            outcome = (
+                f"{SHORT}-step rel. error {'—' if short is None else f'{short:.3f}'}, "
+                + ("" if joins is None else f"joins/inside {joins:.2f}, ")
+                + (
+                    f"DIVERGED at step {r['diverged_at_step']}"
+                    if r["diverged_at_step"] is not None
+                    else f"{args.rollout}-step {r['relative_error']:.3f}, max |H−H0| {r['max_energy_drift']:.3g}"
+                )
             )
             print(f"  seed {seed} {name:<9} loss {r['train_loss']:.3g}  {outcome}  ({r['seconds']:.1f} s)", flush=True)
     rows = summarise(results, args.models)
     print(
         f"\n| model | final train loss | rel. error ({SHORT} steps) | rel. error ({args.rollout} steps) "
-        "| max abs(H − H₀) | diverged |"
+        f"| max abs(H − H₀) | joins/inside ({SHORT} steps) | diverged |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         steps = ", ".join(map(str, row["diverged_at_steps"]))
         n = len(row["seeds"])
         print(
             f"| {row['model']} | {_fmt(row['final_train_loss'], '.3g')}"
             f" | {_fmt(row[f'relative_error_{SHORT}'], '.3f', n)} | {_fmt(row['relative_error'], '.3f', n)}"
-            f" | {_fmt(row['max_energy_drift'], '.3g', n)}"
+            f" | {_fmt(row['max_energy_drift'], '.3g', n)} | {_fmt(row['join_error_ratio'], '.2f', n)}"
             f" | {row['diverged']}/{len(row['seeds'])}{f' (steps {steps})' if steps else ''} |"
         )
     total = time.perf_counter() - t0
@@ -334,7 +314,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         print(f"wrote {args.figure}")
     if args.json:
-        write_json(args, argv, commit, rows, results, total, complete=True)
+        write_json(args, argv, ran, rows, results, total, complete=True)
     return rows
 
 

@@ -28,13 +28,13 @@ over the seeds), every run, the command and the git commit.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import optree
+from _results import command, commit, stats, write_json
 
 import geoarray
 from geoarray import nn, optim
@@ -109,15 +109,6 @@ def run_one(job: tuple) -> dict:
     }
 
 
-def _stats(values: list[float]) -> dict:
-    return {
-        "mean": statistics.mean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-    }
-
-
 def summarise(results: list[dict]) -> list[dict]:
     """One row per (layers, attention add, variant): mean ± sample std (and range) over the seeds."""
     keys = sorted({(r["layers"], not r["attention_add"], r["variant"]) for r in results})
@@ -132,32 +123,15 @@ def summarise(results: list[dict]) -> list[dict]:
                 "attention_add": not no_add,
                 "variant": variant,
                 "seeds": [r["seed"] for r in rs],
-                "final_train_loss": _stats([r["train_loss"] for r in rs]),
-                "test_accuracy": _stats([r["test_accuracy"] for r in rs]),
+                "final_train_loss": stats([r["train_loss"] for r in rs]),
+                "test_accuracy": stats([r["test_accuracy"] for r in rs]),
                 "seconds_per_run": statistics.mean(r["seconds"] for r in rs),
             }
         )
     return rows
 
 
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-        )
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
-    import shlex
-    import sys
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=8, help="number of seeds K (default 8)")
     p.add_argument("--epochs", type=int, default=40)
@@ -197,7 +171,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"gradient/momentum lr {args.lr_sgd}, seeds 0..{args.seeds - 1}",
         flush=True,
     )
-    commit = _commit()  # the code that runs, not the HEAD at the end of a long sweep
+    ran = commit()  # the code that runs, not the HEAD at the end of a long sweep
     t0 = time.perf_counter()
     if args.jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -225,26 +199,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     total = time.perf_counter() - t0
     print(f"max-entropy loss √0.9 = {0.9**0.5:.3f}; total {total:.0f} s")
     if args.json:
-        command = "python examples/vit_digits.py " + " ".join(
-            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+        write_json(
+            args.json,
+            {
+                "command": command("vit_digits.py", argv),
+                "commit": ran,
+                "geoarray_version": getattr(geoarray, "__version__", None),
+                "config": vars(args),
+                "total_seconds": total,
+                "table": rows,
+                "results": results,
+            },
         )
-        parent = os.path.dirname(args.json)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {
-                    "command": command,
-                    "commit": commit,
-                    "geoarray_version": getattr(geoarray, "__version__", None),
-                    "config": vars(args),
-                    "total_seconds": total,
-                    "table": rows,
-                    "results": results,
-                },
-                fh,
-                indent=1,
-            )
     return rows
 
 

@@ -10,13 +10,12 @@ the JSON's table is the mean ± std of its runs.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import statistics
 
 import pytest
+from _examples import load_example
 
 
 @pytest.fixture(autouse=True)
@@ -25,17 +24,11 @@ def _torch_session(backend):
         pytest.skip("examples/copying_problem.py is plain PyTorch (model, data, torch.optim baseline): torch sessions")
 
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "copying_problem.py")
-
-
 @pytest.fixture(scope="module")
 def example():
     # a module fixture is set up before the function-scoped skip above: sessions without torch skip here
     pytest.importorskip("torch", reason="examples/copying_problem.py is plain PyTorch: torch sessions")
-    spec = importlib.util.spec_from_file_location("example_copying_problem", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("copying_problem")
 
 
 def test_copy_batch_and_memoryless_baseline(example, torch):

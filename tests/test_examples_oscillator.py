@@ -9,30 +9,22 @@ left after step 50) or stayed (finite errors and drift); each row's diverged cou
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import statistics
 
 import numpy as np
 import pytest
+from _examples import load_example
 
 from _helpers import to_numpy
 from _layer_checks import jacobian, random_input, symplectic_form
 from geoarray import models
 from geoarray.nn import LinearSymplecticAttentionP, LinearSymplecticAttentionQ
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "oscillator_stability", os.path.join(EXAMPLES, "oscillator_stability.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("oscillator_stability")
 
 
 def _check_row(row, runs, rollout, short):
@@ -111,3 +103,16 @@ def test_zero_attention_init(xp, device):
     assert models.LinearSymplecticTransformer(4, T).attention_init == "zero"
     with pytest.raises(ValueError, match="attention_init: expected 'normal' or 'zero', got 'xavier'"):
         models.LinearSymplecticTransformer(4, T, attention_init="xavier")
+
+
+def test_join_error_ratio_sees_jumps_between_windows():
+    # a smooth error (Δ² constant) is the same at the joins and inside: ratio 1; an offset per predicted
+    # window (the zig-zag: each window internally smooth, displaced from the last) shows at the joins only
+    module = _module()
+    T, t = 3, np.arange(3 + 30, dtype=np.float64)
+    R = np.stack([np.sin(0.3 * t), np.cos(0.3 * t)], -1)[None]
+    smooth = R + 1e-3 * (t**2)[None, :, None]
+    assert math.isclose(module.join_error_ratio(smooth, R, T), 1.0, rel_tol=1e-9)
+    window = np.maximum(t - T, -1) // T  # −1 for the given window, k for the k-th predicted one
+    zigzag = smooth + 0.05 * np.where(window >= 0, (-1.0) ** window, 0.0)[None, :, None]
+    assert module.join_error_ratio(zigzag, R, T) > 10

@@ -5,14 +5,11 @@ they promise, with finite figures — not a training result."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 import re
 
 import pytest
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+from _examples import load_example
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +19,7 @@ def _numpy_session(backend):
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", os.path.join(EXAMPLES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name)
 
 
 def _numbers(text: str) -> list[float]:

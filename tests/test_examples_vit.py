@@ -13,22 +13,16 @@ runs in the session whose backend it uses and is skipped elsewhere with that rea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import statistics
 
 import pytest
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+from _examples import load_example
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", os.path.join(EXAMPLES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name)
 
 
 def test_vit_digits_sweep_writes_its_table(backend, tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._common import CommandError, add_common_train_options, positive_float, positive_int
 
-__all__ = ["DIVERGENCE_FACTOR", "add_train_parsers", "divergence_step", "run"]
+__all__ = ["DIVERGENCE_FACTOR", "add_train_parsers", "divergence_step", "rollout", "run"]
 
 # A rollout has diverged at the first predicted state that is non-finite or whose invariant I is off
 # by more than this multiple of |I(z_0)| (for the rigid body ‖z‖ doubled or collapsed to 0): past that
@@ -40,6 +40,47 @@ def divergence_step(states: Any, invariant: Any, T: int, factor: float = DIVERGE
     bad = bad.reshape(-1, bad.shape[-1]).any(axis=0)[T:]
     hits = np.flatnonzero(bad)
     return int(hits[0]) + 1 if hits.size else None
+
+
+def _singular_errors() -> tuple:
+    import sys
+
+    import numpy as np
+
+    errors = [np.linalg.LinAlgError]
+    if "torch" in sys.modules:  # torch.linalg.inv raises its own (a RuntimeError) on a singular matrix
+        errors.append(sys.modules["torch"].linalg.LinAlgError)
+    return tuple(errors)
+
+
+def rollout(model: Any, params: Any, initial_window: Any, n_steps: int) -> Any:
+    """:func:`geoarray.models.iterate`, and for a rollout that blew up so far that a layer cannot be
+    evaluated any more (the volume-preserving attention's Cayley transform of a non-finite window is
+    singular: NumPy and torch raise) the states computed up to there followed by NaN — it has diverged
+    long before, and :func:`divergence_step` says where."""
+    from .. import models
+    from .._backend import array_namespace
+
+    errors = _singular_errors()
+    try:
+        return models.iterate(model, params, initial_window, n_steps)
+    except errors:
+        xp = array_namespace(initial_window)
+        T = initial_window.shape[-2]
+        parts, window, produced = [initial_window], initial_window, 0
+        try:
+            while produced < n_steps:
+                window = model.apply(params, window)
+                parts.append(window)
+                produced += T
+        except errors:
+            pass
+        done = xp.concat(parts, axis=-2)
+        if done.shape[-2] > T + n_steps:  # the last window ran past the end (strict: no slicing past it)
+            done = done[..., : T + n_steps, :]
+        shape = (*done.shape[:-2], T + n_steps - done.shape[-2], done.shape[-1])
+        gap = xp.full(shape, float("nan"), dtype=done.dtype, device=getattr(done, "device", None))
+        return xp.concat([done, gap], axis=-2)
 
 
 def add_train_parsers(train_subparsers: Any) -> None:
@@ -147,7 +188,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import models, nn, optim, train
+    from .. import nn, optim, train
     from ..data import windows
     from ._common import checkpoint_options, namespace_for, require, write_json
 
@@ -174,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     with np.errstate(over="ignore", invalid="ignore"):  # a diverging NumPy rollout is reported below
-        pred = models.iterate(model, result.params, val[:, :T, :], args.rollout)
+        pred = rollout(model, result.params, val[:, :T, :], args.rollout)
         ref = val[:, : T + args.rollout, :]
         inv_pred, inv_ref = inv(pred), inv(ref)
         diverged = divergence_step(pred, inv_pred, T)
@@ -221,43 +262,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot_rollout(pred, ref, inv_pred, inv_ref, inv_name: str, T: int, diverged: int | None, path: str) -> None:
-    """The first validation rollout against the truth, and its invariant; the axes are clipped to the
-    truth's range (with a margin) and a diverged rollout is drawn up to the marked step where it left,
-    so the blow-up does not flatten the truth into a line."""
+    """The first validation rollout against the truth in the system's geometry — on the unit sphere for
+    the rigid body (3 dimensions), the phase portraits (q_i, p_i) for a Hamiltonian system — and the
+    invariant's drift over the rollout; the axes keep the truth's range and a diverged rollout is drawn
+    up to the step where it left, marked (see :mod:`._dynamics_plots`)."""
     import matplotlib
     import numpy as np
 
     from .._backend import to_host
+    from ._dynamics_plots import Rollout, draw_invariant_drift, draw_phase_portrait, draw_sphere
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    P, R = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (pred, ref))
-    Ip, Ir = (np.asarray(to_host(a[0, ...]), dtype=np.float64) for a in (inv_pred, inv_ref))
-    if diverged is not None:  # the model's curves stop where it left: what follows is the blow-up
-        P, Ip = P[: T + diverged, :], Ip[: T + diverged]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for k in range(P.shape[-1]):
-        axes[0].plot(R[:, k], color=f"C{k}", label=f"z{k + 1} reference")
-        axes[0].plot(P[:, k], "--", color=f"C{k}", label=f"z{k + 1} model")
-    lo, hi = float(R.min()), float(R.max())
-    pad = 0.5 * max(hi - lo, 1e-3)
-    axes[0].set_ylim(lo - pad, hi + pad)
-    axes[0].set(xlabel="step", title="validation rollout")
-    i0 = float(Ir[0])
-    axes[1].plot(Ir, label="reference")
-    axes[1].plot(Ip, "--", label="model")
-    half = 2 * DIVERGENCE_FACTOR * max(abs(i0), 1e-3)
-    axes[1].set_ylim(i0 - half, i0 + half)
-    axes[1].set(xlabel="step", ylabel=inv_name, title="invariant drift")
-    if diverged is not None:
-        for ax in axes:
-            ax.axvline(T - 1 + diverged, color="red", linewidth=0.8)
-        axes[1].text(
-            T - 1 + diverged, i0 + 0.9 * half, f" diverged at step {diverged}", color="red", va="top", fontsize=8
-        )
-    axes[0].legend(fontsize=6)
-    axes[1].legend()
+    P, R = (np.asarray(to_host(a[:1, ...]), dtype=np.float64) for a in (pred, ref))
+    Ip, Ir = (np.asarray(to_host(a[:1, ...]), dtype=np.float64) for a in (inv_pred, inv_ref))
+    run = [Rollout("model", P, Ip, diverged, offset=T - 1)]
+    d = R.shape[-1]
+    n_geo = 1 if d == 3 else d // 2
+    fig = plt.figure(figsize=(5 * (n_geo + 1), 4.2))
+    if d == 3:
+        ax = fig.add_subplot(1, 2, 1, projection="3d")
+        draw_sphere(ax, R, run)
+        ax.set_title("validation rollout on the sphere |z| = 1")
+        ax.legend(fontsize=7)
+    else:
+        for i in range(n_geo):
+            ax = fig.add_subplot(1, n_geo + 1, i + 1)
+            draw_phase_portrait(ax, R, run, i, d // 2 + i)
+            q, p = ("q", "p") if n_geo == 1 else (f"q{i + 1}", f"p{i + 1}")
+            ax.set(xlabel=q, ylabel=p, title=f"phase portrait ({q}, {p})")
+        fig.axes[0].legend(fontsize=7)
+    ax = fig.add_subplot(1, n_geo + 1, n_geo + 1)
+    ceiling = 2 * DIVERGENCE_FACTOR * max(float(np.abs(Ir[..., 0]).max()), 1e-3)
+    draw_invariant_drift(ax, Ir, run, offset=T - 1, ceiling=ceiling, floor=1e-8)
+    ax.axhline(DIVERGENCE_FACTOR * abs(float(Ir[0, 0])), color="red", linewidth=0.8, label="divergence threshold")
+    ax.set(ylabel=f"|{inv_name} − its initial value|", title=f"drift of {inv_name}")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
