@@ -13,6 +13,7 @@ Agg in the commands) and returns what it drew, so tests check the data, not pixe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ def draw_invariant_drift(
     margin), so what is drawn is the approach, not the blow-up; it starts at ``floor`` (a drift below it,
     e.g. an invariant the truth keeps to rounding, is drawn there). Returns {legend: (steps, drift)}."""
 
-    def drift(inv: np.ndarray, end: int) -> np.ndarray:
+    def drift(inv: Any, end: int) -> np.ndarray:
         inv = np.asarray(inv, dtype=np.float64)
         inv = inv.reshape(-1, inv.shape[-1])[:, :end]
         with np.errstate(invalid="ignore", over="ignore"):
