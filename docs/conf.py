@@ -56,7 +56,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     # The standard library, NumPy, PyTorch and JAX have no inventory here: intersphinx downloads objects.inv
     # at build time, and the machines that build these docs have no network. Their types stay plain text.
-    ("py:.*", r"(collections\.abc|abc|os|argparse|typing|types|pathlib|numbers|enum)\..*"),
+    ("py:.*", r"(collections\.abc|abc|os|argparse|typing|types|pathlib|numbers|enum|datetime)\..*"),
     ("py:.*", r"(numpy|torch|jax|jaxlib|optax|flax|equinox|array_api_strict|cupy)(\..*)?"),
     # Private helpers and base classes (a component starting with "_"), shown by show-inheritance or named
     # by a docstring: not part of the API pages by design; the public class documents the inherited members.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -15,7 +16,11 @@ def repository_root() -> Path:
 
 
 def load_example(name: str):
-    """Import ``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
+    """Import ``examples/<name>.py`` as a module (the examples are scripts, not a package), with
+    ``examples/`` on ``sys.path`` as when it runs as a script (its ``from _results import ...``)."""
+    examples = str(repository_root() / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
     path = repository_root() / "examples" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"example_{name}", path)
     module = importlib.util.module_from_spec(spec)
