@@ -15,8 +15,8 @@ own ``consolidate_state_dict`` keeps torch's per-parameter ``"state"`` only, whi
 leave empty): a one-process checkpoint after 2 steps resumed on the 2 ZeRO ranks, and the 2 ranks'
 checkpoint resumed in one process, both equal the uninterrupted single-process run to 1e-12.
 
-A known gap, stated as an expected failure: a skipped step (a NaN gradient) is skipped by the rank
-whose partition holds the NaN only.
+A skipped step (a NaN gradient) is skipped by the rank whose partition holds the NaN only, unless the
+optimizers get ``skip_together=True``: then every rank skips it and the weights equal one process's.
 """
 
 from __future__ import annotations
@@ -89,6 +89,17 @@ def _steps(opt, step_module, x, y, n: int) -> None:
         opt.zero_grad()
 
 
+def _nan_steps(opt, step_module, model, x, y) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the skip's NonFiniteGradientWarning
+        for k in range(3):
+            (step_module(x) - y).square().mean().backward()
+            if k == 1:
+                model.B.grad[0, 0] = float("nan")
+            opt.step()
+            opt.zero_grad()
+
+
 def _zero_worker(rank: int, port: int, out_dir: str) -> None:
     import torch
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -120,19 +131,23 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
             _steps(opt, DistributedDataParallel(model), x[shard], y[shard], N_STEPS // 2)
             _save(f"{out_dir}/two_{name}", model, opt)
             out[f"resumed {name}"] = resumed
-        # a NaN in B's gradient (everywhere, as after DDP's all-reduce) in the second step
-        model = _model()
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=gt.Adam, lr=0.05)
-        ddp = DistributedDataParallel(model)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the skip's NonFiniteGradientWarning
-            for k in range(2):
-                (ddp(x[shard]) - y[shard]).square().mean().backward()
-                if k == 1:
-                    model.B.grad[0, 0] = float("nan")
-                opt.step()
-                opt.zero_grad()
-        out["nan counts"] = [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs]
+        # a NaN in B's gradient (everywhere, as after DDP's all-reduce) in the second of 3 steps, with each
+        # rank deciding the skip over its own partition (the default) and with the ranks agreeing
+        for together in (False, True):
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=gt.Adam, lr=0.05, skip_together=together)
+            _nan_steps(opt, DistributedDataParallel(model), model, x[shard], y[shard])
+            out[f"nan {together}"] = (
+                [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs],
+                {k: v.detach().clone() for k, v in model.state_dict().items()},
+            )
+        # refused on every rank alike (no rank left waiting in the agreement's all-reduce)
+        try:
+            ZeroRedundancyOptimizer(
+                _model().parameters(), optimizer_class=gt.Adam, lr=0.05, skip_together=True, on_nonfinite="raise"
+            )
+        except ValueError as exc:
+            out["refused"] = str(exc)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
 
 
@@ -189,14 +204,29 @@ def test_zero_redundancy_optimizer_shards_every_geoarray_optimizer(zero_run):
                 torch.testing.assert_close(v, single[k], rtol=0, atol=1e-12, msg=f"2→1 {name}: {k}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: under ZeRO each rank's optimizer decides a skip (a non-finite gradient; without host reads "
-    "also a step beyond the retraction's doubling budget) over its own partition, so the rank holding B skips "
-    "while the other steps A: a partial step, where one process (and GradScaler over the ZeRO optimizer) skips "
-    "the whole step. Needs Optimizer.step to agree over a process group (one all-reduce of 'took the step').",
-)
-def test_a_skipped_step_is_skipped_on_every_zero_rank(zero_run):
+def test_a_skipped_step_is_skipped_on_every_zero_rank_with_skip_together(zero_run):
+    """A NaN in B's gradient at the second of 3 steps. One process skips the whole step: its one cohort
+    counts (2 taken, 1 skipped). Under ZeRO each rank's optimizer decides over its own partition by
+    default, so only the rank holding B skips; with ``skip_together=True`` both ranks skip it, count
+    (2, 1), and hold the one-process weights to 1e-12 (bit-identical between ranks)."""
+    import torch
+
+    import geoarray.torch as gt
+
     ranks, _ = zero_run
-    counts = [out["nan counts"] for out in ranks]
-    assert all(c == [(1, 1)] for c in counts), f"(steps, skipped) per rank: {counts}, one process: (1, 1)"
+    x, y = _batch()
+    model = _model()
+    opt = gt.Adam(model.parameters(), lr=0.05)
+    _nan_steps(opt, model, model, x, y)
+    one = {k: v.detach() for k, v in model.state_dict().items()}
+    assert [(int(c.state.step), int(c.state.skipped)) for cs in opt._cohorts for c in cs] == [(2, 1)]
+
+    apart = sorted(counts for out in ranks for counts in out["nan False"][0])
+    assert apart == [(2, 1), (3, 0)], f"each rank decides over its partition: (steps, skipped) {apart}"
+    for out in ranks:
+        counts, weights = out["nan True"]
+        assert counts == [(2, 1)], f"(steps, skipped) with skip_together: {counts}, one process: (2, 1)"
+        for k in one:
+            assert torch.equal(weights[k], ranks[0]["nan True"][1][k]), f"{k} differs between ranks"
+            torch.testing.assert_close(weights[k], one[k], rtol=0, atol=1e-12, msg=f"skip_together: {k}")
+        assert "on_nonfinite='raise'" in out["refused"]

@@ -36,6 +36,9 @@ from ``seed``, step and group, so give every rank the same ``seed`` (the default
 ``torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=geoarray.torch.Adam,
 lr=...)`` under DDP gives each rank whole parameters and their state, and broadcasts the updated
 weights (2 gloo processes: ranks bit-identical, equal to one process to 1e-12; tests/test_torch_zero.py).
+Each rank's optimizer decides a skip (a non-finite gradient) over its own partition; pass
+``skip_together=True`` (ZeRO hands it to each rank's optimizer) and the ranks skip together, as one
+process does (one 4-byte all-reduce per step; :class:`Optimizer`).
 
 **FSDP2 works and is tested** (``tests/test_torch_fsdp.py``, 2 gloo processes): shard with
 :func:`fully_shard` (torch's ``fully_shard``, keeping each ManifoldParameter's manifold, which torch's

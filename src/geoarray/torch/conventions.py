@@ -184,6 +184,7 @@ class Adam(_TorchStyle):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {
             "lr": lr,
@@ -201,7 +202,7 @@ class Adam(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _check_live(self, group: dict, gi: Any) -> None:
         betas = group["betas"]
@@ -262,12 +263,13 @@ class AdamW(Adam):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         super().__init__(
             params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
             capturable=capturable, differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
             delta=delta, stabilize=stabilize, section=section, retraction=retraction, on_nonfinite=on_nonfinite,
-            group_same_shape=group_same_shape, seed=seed,
+            group_same_shape=group_same_shape, seed=seed, skip_together=skip_together,
         )  # fmt: skip
 
 
@@ -299,6 +301,7 @@ class SGD(_TorchStyle):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {
             "lr": lr,
@@ -313,7 +316,7 @@ class SGD(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _check_live(self, group: dict, gi: Any) -> None:
         momentum, dampening = _number(group, "momentum", gi), _number(group, "dampening", gi)

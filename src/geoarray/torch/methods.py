@@ -29,8 +29,8 @@ class MethodOptimizer(Optimizer):
     _OWN_CORES = True
     _LIVE: tuple[str, ...] = ("lr",)
 
-    def __init__(self, params: Iterable[Any], defaults: dict):
-        super().__init__(params, self._core_for, defaults)
+    def __init__(self, params: Iterable[Any], defaults: dict, *, skip_together: bool = False):
+        super().__init__(params, self._core_for, defaults, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         raise NotImplementedError
@@ -72,9 +72,10 @@ class Gradient(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Gradient(self._lr(group), **self._opts(group))
@@ -94,9 +95,10 @@ class Momentum(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {"lr": lr, "alpha": alpha, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
@@ -128,6 +130,7 @@ class PaperAdam(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {
             "lr": lr,
@@ -136,7 +139,7 @@ class PaperAdam(MethodOptimizer):
             "eps": eps,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         betas = group["betas"]
@@ -174,6 +177,7 @@ class AdamWithDecay(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        skip_together: bool = False,
     ):
         defaults = {
             "lr": lr_start,
@@ -186,7 +190,7 @@ class AdamWithDecay(MethodOptimizer):
             "steps_per_epoch": steps_per_epoch,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         b1, b2 = group["betas"]
@@ -221,7 +225,7 @@ class ManifoldMuon(MethodOptimizer):
     _LIVE = ()
     _CORE = _optim.ManifoldMuon
 
-    def __init__(self, params: Iterable[Any], lr: float = 5e-3, **kwargs: Any):
+    def __init__(self, params: Iterable[Any], lr: float = 5e-3, *, skip_together: bool = False, **kwargs: Any):
         import inspect
 
         signature = inspect.signature(self._CORE.__init__)
@@ -236,7 +240,7 @@ class ManifoldMuon(MethodOptimizer):
                 f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
             )
         self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
-        super().__init__(params, {"lr": lr, **defaults, **kwargs})
+        super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         kwargs = {k: v for k, v in group.items() if k not in BOOKKEEPING and k != "lr" and k in self._known}
@@ -250,5 +254,5 @@ class Muon(ManifoldMuon):
 
     _CORE = _optim.Muon
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, **kwargs: Any):
-        super().__init__(params, lr, **kwargs)
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, *, skip_together: bool = False, **kwargs: Any):
+        super().__init__(params, lr, skip_together=skip_together, **kwargs)

@@ -68,6 +68,7 @@ from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
+from ._agreement import agree_on_step, check_skip_together
 from .cohorts import FORMAT, FORMAT_VERSION, Cohort, eager_first_message, probe_point, restore_state, saved_groups
 from .param_groups import (
     BOOKKEEPING,
@@ -116,6 +117,18 @@ class Optimizer(torch.optim.Optimizer):
     (``ValueError``) — except with a callable ``core`` and no ``defaults``, whose groups are the
     factory's to read.
 
+    ``skip_together`` (keyword, default False; every subclass takes it, and a param group may set its
+    own): the parameters of such groups, on every rank of the default process group, take or skip
+    each step together. Under ``ZeroRedundancyOptimizer`` each rank's optimizer holds a partition of the
+    model, and a NaN gradient in one partition would skip that partition's step only; with
+    ``skip_together=True`` (ZeRO hands its keywords to each rank's optimizer) it skips the step on every
+    rank, as one process does. After computing their updates and before writing them the ranks
+    all-reduce (MIN) a 4-byte "every such cohort here took its step"; where one did not, every such
+    cohort on every rank keeps its values and state and counts the step in ``skipped`` (selected on the
+    device, no host read). Every rank must call ``step()`` each time (ZeRO's ranks do);
+    ``on_nonfinite="raise"`` is refused with it (``ValueError``): the rank that raised would leave the
+    others waiting.
+
     **Learning rate.** Every param group carries ``lr``, so every ``torch.optim.lr_scheduler`` works.
     For a core whose update is the Riemannian wrapper's (geoarray's Adam, Momentum, Gradient, BFGS,
     ``riemannian(...)``), the group's ``lr`` scales the velocity W = −η·direction relative to the rate
@@ -136,6 +149,8 @@ class Optimizer(torch.optim.Optimizer):
         params: Iterable[Any],
         core: RiemannianOptimizer | GradientTransformation | Callable[[dict], RiemannianOptimizer],
         defaults: dict | None = None,
+        *,
+        skip_together: bool = False,
     ):
         defaults = dict(defaults or {})
         # the keys a group may hold (None: any; a factory without defaults reads what it likes)
@@ -162,6 +177,7 @@ class Optimizer(torch.optim.Optimizer):
             )
         if not self._OWN_CORES:
             defaults.setdefault("lr", self._lr_reference or 1.0)
+        defaults["skip_together"] = skip_together
         self._cohorts: list[list[Cohort]] = []
         super().__init__(params, defaults)
 
@@ -246,6 +262,7 @@ class Optimizer(torch.optim.Optimizer):
         param_group["params"] = items
         self._check_group_keys(param_group, gi)
         probe = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
+        check_skip_together(probe, gi)
         if "lr" in probe:
             check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
         names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
@@ -380,6 +397,11 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        together = False
+        for gi, group in enumerate(self.param_groups):
+            if group.get("skip_together", False) is not False:
+                check_skip_together(group, gi)
+                together = True
         plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
         compiling = torch.compiler.is_compiling()
         # all checks passed: build new cohorts, then compute every update, then write them all
@@ -412,14 +434,29 @@ class Optimizer(torch.optim.Optimizer):
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
             if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
                 new, state = sharded.agree(cohort.state, new, state)
-            results.append((params, new, cohort, state, sharded))
-        for params, new, cohort, state, sharded in results:
+            results.append((params, leaves, new, cohort, state, sharded, bool(group.get("skip_together"))))
+        if together:
+            agreed = agree_on_step(
+                [(r[1], r[2], r[3].state, r[4]) if r[6] else None for r in results], self._agreement_device()
+            )
+            results = [
+                r if a is None else (r[0], r[1], a[0], r[3], a[1], r[5], r[6])
+                for r, a in zip(results, agreed, strict=True)
+            ]
+        for params, _, new, cohort, state, sharded, _ in results:
             if sharded is None:
                 torch._foreach_copy_(params, new)
             else:
                 sharded.write(new)
             cohort.state = state
         return loss
+
+    def _agreement_device(self) -> torch.device:
+        """Where the ranks' flag lives: the parameters' device (NCCL reduces CUDA tensors only)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                return p.device
+        return torch.device("cpu")
 
     @torch.no_grad()
     def validate(self) -> None:

@@ -34,12 +34,13 @@ __all__ = [
 #: the options of :class:`geoarray.optim.RiemannianOptimizer` a param group may carry
 CORE_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
 #: keys that are not compared when a saved state_dict is matched to the optimizer's groups
-NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr"})
+NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr", "skip_together"})
 # keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
 # neither hyperparameters of the core nor unknown keys
 _SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
-#: torch's keys of a param group, which are neither hyperparameters of the core nor unknown keys
-BOOKKEEPING = frozenset({"params", "param_names"}) | _SCHEDULER_KEYS
+#: keys of a param group that are neither hyperparameters of the core nor unknown keys: torch's, and
+#: ``skip_together``, an option of the step around the core (geoarray.torch._agreement)
+BOOKKEEPING = frozenset({"params", "param_names", "skip_together"}) | _SCHEDULER_KEYS
 # not part of a core's identity: torch.compile's optimizer support shows every param group with
 # capturable=True while it traces a step (torch/_dynamo/variables/optimizer.py, _set_capturable), so a
 # key holding it would rebuild every core inside the compiled step; its value is checked eagerly

@@ -1,0 +1,77 @@
+"""Ranks that take a step together: the ``skip_together`` option of :class:`geoarray.torch.Optimizer`.
+
+An optimizer step may be skipped — a non-finite gradient (``on_nonfinite="skip"``), and without host
+reads (:func:`geoarray.set_host_reads`) also a step whose new points are not finite, one beyond the
+retraction's fixed doubling budget. Each optimizer decides that from the parameters it holds. Under
+ZeRO (``torch.distributed.optim.ZeroRedundancyOptimizer``) each rank's optimizer holds a partition of
+the model, so the rank whose partition holds the NaN skips while the others step: a partial step, where
+one process — and ``GradScaler`` over the ZeRO optimizer — skips the whole step.
+
+With ``skip_together=True`` in a param group, the ranks of the default process group agree after
+computing their updates and before writing them: one all-reduce (MIN) of a 0-dimensional int32 "every
+such cohort of this rank took its step", and where any rank's did not, every such cohort on every rank
+keeps its old values and state and counts the step in its ``skipped`` (selected on the device: no host
+read). The option is a param-group key holding a bool, not a process group, because ZeRO copies its
+keywords into its own param groups, which its ``state_dict`` saves (a process group cannot be pickled).
+The agreement spans all ranks of the default group: under data parallelism they all step each time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+
+__all__ = ["agree_on_step", "check_skip_together"]
+
+
+def check_skip_together(group: dict, gi: Any) -> None:
+    """``TypeError`` unless the group's ``skip_together`` is a bool; ``ValueError`` if it is True with
+    ``on_nonfinite="raise"`` (the rank that raised would leave the others waiting in the all-reduce)."""
+    value = group.get("skip_together", False)
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"param_groups[{gi}]['skip_together'] must be True or False, got {value!r} (the agreement is over "
+            "the default process group, torch.distributed.group.WORLD)"
+        )
+    if value and group.get("on_nonfinite") == "raise":
+        raise ValueError(
+            f"param_groups[{gi}] has skip_together=True with on_nonfinite='raise': the rank that raised would "
+            "leave the others waiting in the all-reduce; use on_nonfinite='skip' (the ranks skip together) "
+            "or skip_together=False"
+        )
+
+
+def agree_on_step(results: list, device: torch.device) -> list:
+    """The values and states to write after every rank of the default process group agreed on taking
+    the step.
+
+    ``results`` holds, per cohort, ``(leaves, new, old_state, new_state)`` — its old values, its computed
+    values, its state before and after the core's update — or None for a cohort outside the agreement.
+    Returns ``(values, state)`` per agreeing cohort, None for the others."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "skip_together=True needs torch.distributed's default process group: call "
+            "torch.distributed.init_process_group first, or set skip_together=False"
+        )
+    took = torch.ones((), dtype=torch.int32, device=device)
+    for r in results:
+        if r is not None:
+            took = took * (r[3].skipped == r[2].skipped).to(device=device, dtype=torch.int32)
+    dist.all_reduce(took, op=dist.ReduceOp.MIN)
+    every = took.bool()
+    out: list = []
+    for r in results:
+        if r is None:
+            out.append(None)
+            continue
+        leaves, new, old, new_state = r
+        values = [torch.where(every.to(n.device), n, o) for n, o in zip(new, leaves, strict=True)]
+        kept: Any = optree.tree_map(lambda n, o: torch.where(every.to(n.device), n, o), new_state, old)
+        # a cohort that skipped on its own counted the step already: count each skipped step once
+        missed = (1 - took).to(device=old.skipped.device, dtype=old.skipped.dtype)
+        out.append((values, kept._replace(skipped=old.skipped + missed)))
+    return out
