@@ -376,6 +376,29 @@ def test_generic_optimizer_takes_a_core_or_a_transform(torch, gt, device):
 # -- bad input -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["Adam", "SGD", "Gradient", "ManifoldMuon"])
+def test_skip_together_is_refused_without_a_process_group_or_a_bool(torch, gt, device, name):
+    """skip_together=True needs torch.distributed's default group (the ZeRO test exercises it with 2
+    ranks, tests/test_torch_zero.py); here, in one process without one, it and a non-bool are refused at
+    construction, naming the key and the fix."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    params = [p for p in _weights(torch, gt, device) if p.ndim == 2]
+    with pytest.raises(ValueError, match=r"skip_together=True, which needs .*init_process_group"):
+        getattr(gt, name)(params, lr=0.1, skip_together=True)
+    with pytest.raises(TypeError, match=r"\['skip_together'\] must be True or False, got 'yes'"):
+        getattr(gt, name)(params, lr=0.1, skip_together="yes")
+    opt = getattr(gt, name)(params, lr=0.1)
+    assert opt.param_groups[0]["skip_together"] is False
+    with pytest.raises(ValueError, match="skip_together=True"):
+        opt.add_param_group(
+            {"params": [torch.nn.Parameter(torch.zeros(2, 2, dtype=params[0].dtype))], "skip_together": True}
+        )
+    assert len(opt.param_groups) == 1  # nothing added
+
+
 def test_wrong_shape_dtype_or_off_manifold_weights_are_refused_by_name(torch, gt, device):
     M = Stiefel(6, 2)
     good = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)

@@ -27,15 +27,25 @@ __all__ = ["agree_on_step", "check_skip_together"]
 
 
 def check_skip_together(group: dict, gi: Any) -> None:
-    """``TypeError`` unless the group's ``skip_together`` is a bool; ``ValueError`` if it is True with
-    ``on_nonfinite="raise"`` (the rank that raised would leave the others waiting in the all-reduce)."""
+    """``TypeError`` unless the group's ``skip_together`` is a bool; ``ValueError`` if it is True without
+    an initialised default process group, or with ``on_nonfinite="raise"`` (the rank that raised would
+    leave the others waiting in the all-reduce)."""
     value = group.get("skip_together", False)
     if not isinstance(value, bool):
         raise TypeError(
             f"param_groups[{gi}]['skip_together'] must be True or False, got {value!r} (the agreement is over "
             "the default process group, torch.distributed.group.WORLD)"
         )
-    if value and group.get("on_nonfinite") == "raise":
+    if not value:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            f"param_groups[{gi}] has skip_together=True, which needs torch.distributed's default process group: "
+            "call torch.distributed.init_process_group first, or set skip_together=False"
+        )
+    if group.get("on_nonfinite") == "raise":
         raise ValueError(
             f"param_groups[{gi}] has skip_together=True with on_nonfinite='raise': the rank that raised would "
             "leave the others waiting in the all-reduce; use on_nonfinite='skip' (the ranks skip together) "
@@ -52,11 +62,6 @@ def agree_on_step(results: list, device: torch.device) -> list:
     Returns ``(values, state)`` per agreeing cohort, None for the others."""
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "skip_together=True needs torch.distributed's default process group: call "
-            "torch.distributed.init_process_group first, or set skip_together=False"
-        )
     took = torch.ones((), dtype=torch.int32, device=device)
     for r in results:
         if r is not None:
