@@ -1,5 +1,10 @@
-"""Bytes communicated and memory per rank of a manifold-Adam step under FSDP2, against FSDP2 with
-``torch.optim.Adam`` on the same model (the baseline, which ignores the manifold).
+"""Bytes communicated and memory per rank of a manifold-Adam step under FSDP2 or ZeRO-1, against the
+same with ``torch.optim.Adam`` on the same model (the baseline, which ignores the manifold).
+
+``--parallel zero`` replaces FSDP2 by ``DistributedDataParallel`` with
+``torch.distributed.optim.ZeroRedundancyOptimizer``: every rank holds the whole model, its optimizer the
+state of its partition of the parameters (whole weights), and the updated weights are broadcast from
+their owners.
 
 For 1, 2 and 4 gloo ranks on the CPU (``--worlds``), each weight set is built on the meta device,
 sharded per layer and at the root with :func:`geoarray.torch.fully_shard` (``Shard(0)`` DTensors),
@@ -20,7 +25,7 @@ Printed per set, rank count and optimizer (one fresh process group per row):
   collective is intercepted (a ``TorchDispatchMode`` on the ``c10d`` and ``_c10d_functional`` ops) and
   counted as the bytes this rank receives, a ring algorithm for the symmetric ones: all-gather (W−1)/W
   of the output, reduce-scatter (W−1)/W of the input, all-reduce 2(W−1)/W of the tensor; gather: the
-  root (W−1) chunks, scatter: each other rank its chunk;
+  root (W−1) chunks, scatter: each other rank its chunk; broadcast: each rank but the root the tensor;
 * ``state``: optimizer-state bytes held by each rank (max over ranks; the tensors of
   ``opt.state_dict()``); the comm columns are the max over ranks too;
 * ``peak``: growth of the process's peak resident memory (``ru_maxrss``) from after initialisation to
@@ -33,7 +38,7 @@ all-reduce, as with reads on the gradients before it; ``geoarray.torch._dtensor.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/sharded_step.py [--worlds 1 2 4]
         [--sets vit gpt gpt-tall] [--steps 2] [--batch 8] [--dtype float32] [--host-reads cpu|never]
-        [--json out.json]
+        [--parallel fsdp2|zero] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,7 +79,10 @@ class _Comm:
                 comm.count(func, args)
                 return func(*args, **(kwargs or {}))
 
+        import torch.distributed as dist
+
         self.world, self.bytes, self.mode = world, 0.0, Mode()
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
 
     def count(self, func, args) -> None:
         if func.namespace not in ("c10d", "_c10d_functional"):
@@ -99,8 +107,12 @@ class _Comm:
             self.bytes += (w - 1) / w * size
         elif "allreduce" in name or "all_reduce" in name:
             self.bytes += 2 * (w - 1) / w * size
+        elif name.startswith("broadcast"):  # (tensors, group, root, …) or functional (input, src, group)
+            root = args[1] if func.namespace == "_c10d_functional" else args[2]
+            if root != self.rank:  # the root sends, the others receive the whole tensor
+                self.bytes += size
         elif name not in ("wait_tensor", "_wrap_tensor_autograd"):
-            self.bytes += size  # broadcast and the rest: the whole tensor
+            self.bytes += size  # the rest: the whole tensor
 
     def __enter__(self):
         self.mode.__enter__()
@@ -108,6 +120,10 @@ class _Comm:
 
     def __exit__(self, *exc):
         self.mode.__exit__(*exc)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p
 
 
 def _tensors(x) -> list:
@@ -149,23 +165,28 @@ def _model(kind: str, dtype: torch.dtype):
     return torch.nn.Sequential(*[Layer() for _ in range(layers)])
 
 
+def _initial(i: int, p: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """The seeded initial value of the model's ``i``-th parameter (whole)."""
+    import geoarray as ga
+
+    _, _, N, n, _, _ = SETS[kind]
+    if p.ndim == 2 and p.shape[0] == p.shape[1] and getattr(p, "manifold", None) is None:
+        g = torch.Generator().manual_seed(1000 + i)
+        return torch.randn(tuple(p.shape), generator=g, dtype=dtype) / p.shape[0] ** 0.5
+    return ga.Stiefel(N, n).random(i, xp=torch, batch_shape=tuple(p.shape[:-2]), dtype=dtype).contiguous()
+
+
 @torch.no_grad()
 def _materialise(model, kind: str, dtype: torch.dtype) -> None:
     """Fill every shard with its part of a seeded initial weight, one parameter at a time (never the
     whole model on one rank)."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    import geoarray as ga
-
-    _, _, N, n, _, _ = SETS[kind]
-    M = ga.Stiefel(N, n)
     for i, (_name, p) in enumerate(model.named_parameters()):
-        if p.ndim == 2 and p.shape[0] == p.shape[1] and getattr(p, "manifold", None) is None:
-            g = torch.Generator().manual_seed(1000 + i)
-            full = torch.randn(tuple(p.shape), generator=g, dtype=dtype) / p.shape[0] ** 0.5
-        else:
-            batch = tuple(p.shape[:-2])
-            full = M.random(i, xp=torch, batch_shape=batch, dtype=dtype).contiguous()
+        full = _initial(i, p, kind, dtype)
+        if not isinstance(p, DTensor):  # ZeRO: whole parameters on every rank
+            p.copy_(full)
+            continue
         whole = DTensor.from_local(full, p.device_mesh, [Replicate()], run_check=False)
         p.to_local().copy_(whole.redistribute(p.device_mesh, p.placements).to_local())
 
@@ -200,18 +221,26 @@ def _worker(rank: int, world: int, port: int, kind: str, which: str, args: dict,
     )
     try:
         dtype = getattr(torch, args["dtype"])
-        mesh = init_device_mesh("cpu", (world,))
-        with torch.device("meta"):
-            model = _model(kind, dtype)
-        for layer in model:
-            gt.fully_shard(layer, mesh=mesh)
-        gt.fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
-        _materialise(model, kind, dtype)
-        if which == "torch.optim.Adam":
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        cls = torch.optim.Adam if which == "torch.optim.Adam" else gt.Adam
+        if args["parallel"] == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            from torch.nn.parallel import DistributedDataParallel
+
+            module = _model(kind, dtype)
+            _materialise(module, kind, dtype)
+            model = DistributedDataParallel(module)
+            opt = ZeroRedundancyOptimizer(module.parameters(), optimizer_class=cls, lr=1e-3)
+            held = opt.optim  # this rank's optimizer, over its partition
         else:
-            opt = gt.Adam(model.parameters(), lr=1e-3)
+            mesh = init_device_mesh("cpu", (world,))
+            with torch.device("meta"):
+                model = _model(kind, dtype)
+            for layer in model:
+                gt.fully_shard(layer, mesh=mesh)
+            gt.fully_shard(model, mesh=mesh)
+            model.to_empty(device="cpu")
+            _materialise(model, kind, dtype)
+            opt = held = cls(model.parameters(), lr=1e-3)
         N = SETS[kind][2]
         x = torch.randn(args["batch"], N, generator=torch.Generator().manual_seed(rank), dtype=dtype)
         # one forward and backward before the baseline: the first calls' one-time allocations are not
@@ -232,8 +261,8 @@ def _worker(rank: int, world: int, port: int, kind: str, which: str, args: dict,
         out = {
             "step_bytes": step.bytes / args["steps"],
             "fwd_bwd_bytes": fwd_bwd.bytes / args["steps"],
-            "state_bytes": _state_bytes(opt),
-            "param_bytes": sum(p.to_local().numel() * p.element_size() for p in model.parameters()),
+            "state_bytes": _state_bytes(held),
+            "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters()),
             "peak_growth": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024,
             "step_s": statistics.median(times),
         }
@@ -278,18 +307,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--json", default=None)
     parser.add_argument(
+        "--parallel",
+        default="fsdp2",
+        choices=["fsdp2", "zero"],
+        help="fsdp2: geoarray.torch.fully_shard (Shard(0) DTensors); zero: DistributedDataParallel with "
+        "ZeroRedundancyOptimizer (whole parameters on every rank, each rank's optimizer over its partition)",
+    )
+    parser.add_argument(
         "--host-reads",
         default="cpu",
         choices=["cpu", "never"],
         help="geoarray.set_host_reads in every rank ('never': the masked steps of a GPU)",
     )
     a = parser.parse_args(argv)
-    args = {"steps": a.steps, "batch": a.batch, "dtype": a.dtype, "host_reads": a.host_reads}
+    args = {"steps": a.steps, "batch": a.batch, "dtype": a.dtype, "host_reads": a.host_reads, "parallel": a.parallel}
     rows = []
     for kind in a.sets:
         layers, k, N, n, stacked, ff = SETS[kind]
         shape = f"{layers} × ({k}, {N}, {n})" if stacked else f"{layers * k} × ({N}, {n})"
-        print(f"\n{kind}: Stiefel({N}, {n}) weights {shape}" + (f" + {layers} × {ff}×{ff}" if ff else ""))
+        print(
+            f"\n{kind} ({a.parallel}): Stiefel({N}, {n}) weights {shape}" + (f" + {layers} × {ff}×{ff}" if ff else "")
+        )
         print(
             f"{'ranks':>5}  {'optimizer':<20} {'step comm MiB':>13} {'fwd+bwd MiB':>11} {'params MiB':>10} "
             f"{'state MiB':>9} {'peak MiB':>8} {'step ms':>8}"

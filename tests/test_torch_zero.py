@@ -25,6 +25,7 @@ import warnings
 
 import pytest
 from test_torch_checkpoint import _load, _save
+from test_torch_fsdp import _comm_counter
 
 from _distributed import process_group, run_ranks
 
@@ -89,6 +90,18 @@ def _steps(opt, step_module, x, y, n: int) -> None:
         opt.zero_grad()
 
 
+def _bench():
+    """benchmarks/sharded_step.py, for its per-rank state count."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharded_step.py"
+    spec = importlib.util.spec_from_file_location("sharded_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _nan_steps(opt, step_module, model, x, y) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the skip's NonFiniteGradientWarning
@@ -141,6 +154,17 @@ def _zero_worker(rank: int, port: int, out_dir: str) -> None:
                 [(int(c.state.step), int(c.state.skipped)) for cs in opt.optim._cohorts for c in cs],
                 {k: v.detach().clone() for k, v in model.state_dict().items()},
             )
+        # what ZeRO moves and holds per rank (benchmarks/sharded_step.py's counters), geoarray's Adam and torch's
+        for name, cls in (("geoarray", gt.Adam), ("torch", torch.optim.Adam)):
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=0.05)
+            ddp = DistributedDataParallel(model)
+            _steps(opt, ddp, x[shard], y[shard], 1)  # the first step builds the state
+            comm = _comm_counter(WORLD)
+            (ddp(x[shard]) - y[shard]).square().mean().backward()
+            with comm:
+                opt.step()
+            out[f"cost {name}"] = (comm.bytes, _bench()._state_bytes(opt.optim))
         # refused on every rank alike (no rank left waiting in the agreement's all-reduce)
         try:
             ZeroRedundancyOptimizer(
@@ -230,3 +254,17 @@ def test_a_skipped_step_is_skipped_on_every_zero_rank_with_skip_together(zero_ru
             assert torch.equal(weights[k], ranks[0]["nan True"][1][k]), f"{k} differs between ranks"
             torch.testing.assert_close(weights[k], one[k], rtol=0, atol=1e-12, msg=f"skip_together: {k}")
         assert "on_nonfinite='raise'" in out["refused"]
+
+
+def test_zero_moves_and_holds_what_it_does_for_torch_adam(zero_run):
+    """Under ZeroRedundancyOptimizer each rank broadcasts the new weights of its partition after its step,
+    so a geoarray.torch.Adam step moves exactly the bytes a torch.optim.Adam step moves, and each rank's
+    state — Brantner's Adam keeps its moments in g^hor, n×n + (N−n)×n numbers per frame — has the bytes of
+    torch's two moments up to the step counters (torch: a float32 ``step`` per parameter; geoarray: an
+    int64 step and skip count per cohort), at most 64 bytes here. The same counters make the table of
+    ``benchmarks/sharded_step.py --parallel zero``."""
+    ranks, _ = zero_run
+    for rank, out in enumerate(ranks):
+        (ours, ours_state), (theirs, theirs_state) = out["cost geoarray"], out["cost torch"]
+        assert ours == theirs > 0, f"rank {rank}: step bytes geoarray {ours}, torch {theirs}"
+        assert 0 < ours_state and abs(ours_state - theirs_state) <= 64, (rank, ours_state, theirs_state)
