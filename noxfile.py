@@ -1,20 +1,22 @@
 """The cross-backend test matrix: one session per requirements file in backends/.
 
     nox -t cpu                 # numpy, array-api-strict, torch-cpu, jax-cpu (what CI runs)
-    nox -s tests               # the same CPU matrix, by name
+    nox -s tests               # the four backends of the CPU matrix, by name
     nox -s tests-torch-cpu     # one backend
     nox -t cuda                # cupy, torch-cuda, jax-cuda: skipped without a GPU
     nox -s lint                # ruff, and mypy over the public API
-    nox -s docs                # the documentation site, warnings are errors (not part of CI: see below)
+    nox -s docs                # the documentation site, warnings are errors; its gallery executed
+    nox -s docs-fast           # the same without executing the gallery (part of nox -t cpu, so of CI)
     nox -s package             # sdist + wheel, twine check, the wheel in a fresh venv from outside the tree
 
 CUDA sessions detect a missing GPU when this file loads and skip without building a venv.
 
-``docs`` and ``package`` are not run by ``nox -t cpu`` (what .ci/run runs): they install torch, JAX and
-the Sphinx stack (docs) or build a second venv (package), minutes that the CPU matrix's 30-minute
-budget does not have. What CI does run is their fast part: tests/test_public_docs.py fails every
-backend session on a public name without a docstring (the check the docs build runs), and
-tests/test_packaging.py checks the metadata and that the wheel's file list holds the package.
+``nox -t cpu`` (what .ci/run runs) holds the four backends and ``docs-fast``, so a broken docstring, an
+unresolved cross-reference or an undocumented public name fails CI (about 2 minutes: installing torch,
+JAX and the Sphinx stack, and a build of about 45 s). ``docs`` (the gallery's scripts, minutes) and
+``package`` (a second venv) are not part of it; their fast parts are: tests/test_public_docs.py fails
+every backend session on a public name without a docstring, and tests/test_packaging.py checks the
+metadata and that the wheel's file list holds the package.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ for _name, (_backend, _tag) in MATRIX.items():
 
 @nox.session(name="tests", venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """The CPU matrix: queues every cpu-tagged session."""
+    """The four backends of the CPU matrix (``nox -t cpu`` adds docs-fast)."""
     for name in CPU_SESSIONS:
         session.notify(name, posargs=session.posargs)
 
@@ -107,17 +109,35 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+def _install_docs(session: nox.Session) -> None:
+    # the API pages import geoarray.torch and geoarray.jax
+    session.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
+    session.install("jax[cpu]>=0.4.30", "optax>=0.2")
+    session.install(".[docs]")
+    session.env.setdefault("MPLBACKEND", "agg")
+
+
 @nox.session(tags=["docs"])
 def docs(session: nox.Session) -> None:
     """The documentation site in docs/_build/html (-W: a warning, a broken docstring or an undocumented
     public name fails the build). Imports geoarray.torch and geoarray.jax, so it installs both. The gallery
     (docs/gallery/plot_*.py) runs at build time and is cached in docs/auto_examples (a script reruns only
     when it changes); ``GEOARRAY_DOCS_GALLERY=0 nox -s docs`` builds without running it (the fast mode)."""
-    session.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
-    session.install("jax[cpu]>=0.4.30", "optax>=0.2")
-    session.install(".[docs]")
-    session.env.setdefault("MPLBACKEND", "agg")
+    _install_docs(session)
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", *session.posargs)
+
+
+@nox.session(name="docs-fast", tags=["cpu"])
+def docs_fast(session: nox.Session) -> None:
+    """The documentation site in the fast mode (the gallery's pages without running its scripts) into a
+    temporary directory, warnings as errors: the CI check that docstrings, cross-references and the
+    public API's documentation build."""
+    import tempfile
+
+    _install_docs(session)
+    session.env["GEOARRAY_DOCS_GALLERY"] = "0"
+    with tempfile.TemporaryDirectory() as out:
+        session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out, *session.posargs)
 
 
 @nox.session(tags=["package"])
