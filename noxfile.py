@@ -100,7 +100,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """ruff over the repository; mypy over the package (configuration and baseline: pyproject.toml)."""
+    """ruff over the repository; mypy over the package (configuration: pyproject.toml)."""
     session.install("ruff>=0.5", "mypy>=1.11")
     paths = ["src", "tests", "benchmarks", "examples", "docs", "noxfile.py"]
     session.run("ruff", "check", *paths)

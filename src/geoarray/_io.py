@@ -25,7 +25,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> str:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
     """Write a file durably and atomically: ``write(fh)`` fills a temporary file in the same directory,
     which is flushed, fsync-ed and renamed over ``path``; then the directory is fsync-ed.
 
@@ -171,7 +171,9 @@ def write_npz(fh: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
     for name, a in arrays.items():
         if a.dtype.hasobject:
             raise TypeError(f"array {name!r} has dtype {a.dtype}, which cannot be saved without pickle")
-    np.savez(fh, **arrays)
+    # the stub fears a member named like savez's own allow_pickle: bool; the members are tree_arrays'
+    # leaf_NNNNN and __meta__
+    np.savez(fh, **cast("dict[str, Any]", arrays))
 
 
 def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:

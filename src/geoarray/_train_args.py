@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -14,6 +14,10 @@ from . import _backend
 from ._typing import Array
 
 
+@overload
+def positive_int(value: Any, name: str, *, allow_none: Literal[False] = False) -> int: ...
+@overload
+def positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
 def positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None

@@ -22,8 +22,8 @@ draws that integer from torch's default generator (the one ``torch.manual_seed``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -75,7 +75,9 @@ def spawn(seed: Any, n: int) -> list[np.random.SeedSequence]:
     if _is_torch_generator(seed):
         return list(np.random.SeedSequence(_from_torch_generator(seed)).spawn(n))
     if isinstance(seed, np.random.Generator):
-        return list(seed.bit_generator.seed_seq.spawn(n))
+        # numpy types seed_seq as the ISeedSequence interface; a Generator's bit generator seeded by
+        # default_rng (or by any int or SeedSequence) holds a SeedSequence
+        return list(cast(np.random.SeedSequence, seed.bit_generator.seed_seq).spawn(n))
     if isinstance(seed, np.random.SeedSequence):
         return list(seed.spawn(n))
     generator(seed)  # validates
@@ -88,7 +90,8 @@ def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (int(shape),)
     try:
-        out = tuple(int(s) for s in shape)
+        # a bool (or anything else that is not a sequence of ints) fails here, and that is the check
+        out = tuple(int(s) for s in cast("Iterable[Any]", shape))
     except TypeError:
         raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
     if any(s < 0 for s in out):

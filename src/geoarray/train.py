@@ -300,6 +300,7 @@ def fit(
     # where the loop starts: epoch (1-based), batch within it, and that epoch's partial sums
     start, partial = (1, 0), {"loss_sum": 0.0, "samples": 0, "seconds": 0.0}
     if resume:
+        assert checkpoint_path is not None  # resume needs it (checked above)
         resumed = _resume(checkpoint_path, params, state, run)
         if resumed is not None:
             result.params, result.opt_state, meta, result.checkpoint = resumed
@@ -318,7 +319,8 @@ def fit(
             try:
                 _io.write_json(out, {"history": history, "interrupted": result.interrupted, "steps": result.steps})
             except OSError as exc:
-                exc.fit_result = result
+                # fit's documented addition to the OSError (which declares no such attribute)
+                setattr(exc, "fit_result", result)  # noqa: B010
                 raise
 
     def checkpoint(epoch_done: int, batch: int, loss_sum: float, samples: int, seconds: float) -> None:
@@ -330,13 +332,16 @@ def fit(
             "history": history,
             "partial": {"loss_sum": loss_sum, "samples": samples, "seconds": seconds},
         }
+        # called only with checkpoint_path (due() needs a checkpoint_every, which needs checkpoint_path)
+        assert checkpoint_path is not None
         try:
             result.checkpoint = save_checkpoint(
                 checkpoint_path, result.params, result.opt_state, meta, step=result.steps, keep=keep
             )
             last_saved[0] = _monotonic()
         except OSError as exc:
-            exc.fit_result = result
+            # fit's documented addition to the OSError (which declares no such attribute)
+            setattr(exc, "fit_result", result)  # noqa: B010
             try:
                 write_out()
             except OSError:

@@ -73,7 +73,7 @@ def jit_with_fallback(fn: Callable[..., Any], xp: Namespace) -> Callable[..., An
         return fn
     import jax
 
-    current = [jax.jit(fn)]
+    current: list[Callable[..., Any]] = [jax.jit(fn)]
 
     def call(*args: Any) -> Any:
         if current[0] is not fn:

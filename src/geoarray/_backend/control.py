@@ -139,6 +139,16 @@ _STATIC_NODES: list[type] = []
 _STATIC_REGISTERED: dict[str, set[type]] = {"jax": set(), "torch": set()}
 
 
+# optree's signatures expect a node to be a Collection of its children and to differ from its metadata;
+# a static node is neither (no children, and it is its own metadata)
+def _flatten_static(node: Any) -> tuple[tuple[()], Any, tuple[()]]:
+    return (), node, ()
+
+
+def _unflatten_static(node: Any, children: Any) -> Any:
+    return node
+
+
 def register_static_node(cls: type) -> type:
     """Class decorator: instances of ``cls`` are pytree nodes with no children whose value is static.
 
@@ -148,8 +158,8 @@ def register_static_node(cls: type) -> type:
     """
     optree.register_pytree_node(
         cls,
-        lambda node: ((), node, ()),
-        lambda node, children: node,
+        _flatten_static,
+        _unflatten_static,
         namespace=optree.registry.__GLOBAL_NAMESPACE,  # type: ignore[attr-defined]
     )
     _STATIC_NODES.append(cls)

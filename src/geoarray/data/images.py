@@ -224,6 +224,7 @@ def train_test_split(*arrays: Array, test_fraction: float = 0.2, seed: int = 0) 
     for i, a in enumerate(arrays):
         if a.ndim < 1 or a.shape[0] != n:
             raise ValueError(f"train_test_split: array {i} has shape {tuple(a.shape)}, expected {n} samples on axis 0")
+    assert n is not None  # array 0 has an axis 0 (checked in the loop)
     if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
         raise ValueError(f"train_test_split: test_fraction must lie in (0, 1), got {test_fraction!r}")
     n_test = math.ceil(test_fraction * n)

@@ -13,7 +13,7 @@ I.1 (Störmer–Verlet), II.1 and IV.2 (implicit midpoint rule; it preserves all
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .._backend import array_namespace
 
@@ -88,6 +88,9 @@ def implicit_midpoint(
     d = z0.shape[-1]
     eye = xp.eye(d, dtype=z0.dtype, device=getattr(z0, "device", None))
 
+    # not None where it is called: method="newton" requires it (checked above)
+    newton_jacobian = cast("Callable[[Array], Array]", jacobian)
+
     def step(z: Array) -> tuple[Array, Array]:
         w = z + dt * f(z)
         for _ in range(max_iter):
@@ -96,7 +99,7 @@ def implicit_midpoint(
                 w = z + dt * f(mid)
             else:
                 g = w - z - dt * f(mid)
-                jac = eye - (dt / 2) * jacobian(mid)
+                jac = eye - (dt / 2) * newton_jacobian(mid)
                 w = w - xp.linalg.solve(jac, g[..., None])[..., 0]
         res = xp.max(xp.abs(w - z - dt * f((z + w) / 2)))
         return w, res

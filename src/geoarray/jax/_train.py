@@ -219,7 +219,8 @@ def _initial_state(init: Callable[[Any], Any], params: Any, given: Any) -> Any:
         return init(params)
     like = jax.eval_shape(init, params)
     want, got = jax.tree_util.tree_structure(like), jax.tree_util.tree_structure(given)
-    if want != got:
+    # jaxlib's PyTreeDef is unresolved to mypy (jaxlib.* is ignore_missing_imports), so != looks unsupported
+    if want != got:  # type: ignore[operator]
         raise ValueError(
             f"state does not have the structure of this optimizer's state for params:\n  {got}\nexpected\n  {want}"
         )

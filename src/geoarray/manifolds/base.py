@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _backend
 from .._backend import array_namespace, check_real_floating
@@ -93,8 +93,13 @@ class Manifold(abc.ABC):
     :attr:`has_nearest_point`, :meth:`nearest_point` (``geoarray.torch.project_``).
     """
 
-    #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
-    point_shape: tuple[int, ...] | None = None
+    if TYPE_CHECKING:
+        # read-only to a type checker: a subclass may compute it (Stiefel's is a property, (N, n))
+        @property
+        def point_shape(self) -> tuple[int, ...] | None: ...
+    else:
+        #: trailing shape of a point, e.g. (N, n); ``None`` for shape-agnostic manifolds (Euclidean)
+        point_shape = None
     #: the section strategies :meth:`global_section` supports (see :mod:`geoarray.optim.riemannian`)
     section_strategies: tuple[str, ...] = ("householder",)
     #: a vector space (Euclidean): the optimizers update its points by addition, g^hor is the space itself

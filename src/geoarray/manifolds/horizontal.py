@@ -24,7 +24,8 @@ trees that ``jax.jit`` and checkpointing understand, with no registration step.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._backend import array_namespace
 from .._backend import device as _device
@@ -56,6 +57,12 @@ class HorizontalElement:
 
     __slots__ = ()
     metric_weights: tuple[float, ...] = ()
+
+    if TYPE_CHECKING:
+        # the tuple interface the NamedTuple subclasses supply (this base is a mixin, not a tuple)
+        def __iter__(self) -> Iterator[Array]: ...
+        def __getitem__(self, index: Any) -> Any: ...
+        def __len__(self) -> int: ...
 
     def inner(self, other: Any) -> Array:
         """The canonical metric ½tr(XᵀY) of g^hor, per batch element."""

@@ -209,7 +209,7 @@ class DenseSection(NamedTuple):
     Qperp: Array
 
     @classmethod
-    def from_householder(cls, lam: HouseholderSection) -> DenseSection:
+    def from_householder(cls, lam: HouseholderSection | PackedHouseholderSection) -> DenseSection:
         N, n = lam.Y.shape[-2], lam.Y.shape[-1]
         xp = array_namespace(lam.Y)
         eye = xp.broadcast_to(linalg.eye(N - n, lam.Y), (*lam.Y.shape[:-2], N - n, N - n))

@@ -26,6 +26,7 @@ So exp(W)E = E + B′ K [I; ½A] costs O(N·n²) and never forms anything N×N.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any
 
@@ -103,13 +104,26 @@ class OrthonormalFrames(Manifold):
         self.validate = bool(validate)
         self.max_doublings = check_size(max_doublings, "max_doublings")
 
+    # -- the horizontal space (g^hor differs between Stiefel and Grassmann) -------------------
+
+    @abc.abstractmethod
+    def _check_horizontal(self, W: Any, name: str = "W") -> Any:
+        """The namespace of W, after checking that it is an element of this manifold's g^hor."""
+
+    @abc.abstractmethod
+    def _half_a(self, W: Any, xp: Any) -> Array:
+        """½A, the (..., n, n) top block of W (zero on the Grassmann manifold)."""
+
     # -- identity --------------------------------------------------------------------------
 
     def _key(self) -> tuple:
         return (type(self), self.N, self.n, self.section, self.retraction_method, self.validate, self.max_doublings)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Manifold) and getattr(other, "_key", None) is not None and self._key() == other._key()
+        if not isinstance(other, Manifold):
+            return False
+        other_key = getattr(other, "_key", None)
+        return other_key is not None and self._key() == other_key()
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -176,7 +190,7 @@ class OrthonormalFrames(Manifold):
 
     def global_section(
         self, Y: Array, *, strategy: str | None = None, seed: Any = None
-    ) -> HouseholderSection | DenseSection | SquareSection:
+    ) -> HouseholderSection | PackedHouseholderSection | DenseSection | SquareSection:
         """λ(Y) = [Y, Q⊥] by ``strategy`` (default: the manifold's ``section``; see
         :mod:`~geoarray.manifolds.sections`).
 

@@ -321,7 +321,10 @@ class SymplecticStiefel(Manifold):
         )
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Manifold) and getattr(other, "_key", None) is not None and self._key() == other._key()
+        if not isinstance(other, Manifold):
+            return False
+        other_key = getattr(other, "_key", None)
+        return other_key is not None and self._key() == other_key()
 
     def __hash__(self) -> int:
         return hash(self._key())

@@ -20,7 +20,7 @@ All take the keywords of :class:`~geoarray.optim.riemannian.RiemannianOptimizer`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from .riemannian import RiemannianOptimizer
 from .schedules import as_schedule, exponential_decay
@@ -125,7 +125,8 @@ class AdamWithDecay(Adam):
         schedule = (
             exponential_decay(lr_start, lr_end, n_steps)
             if n_steps is not None
-            else exponential_decay(lr_start, lr_end, n_epochs, steps_per_epoch=steps_per_epoch)
+            # exactly one of n_steps and n_epochs is given (checked above)
+            else exponential_decay(lr_start, lr_end, cast(int, n_epochs), steps_per_epoch=steps_per_epoch)
         )
         super().__init__(schedule, beta1, beta2, delta, **kwargs)
         self.lr_start, self.lr_end = lr_start, lr_end

@@ -14,8 +14,9 @@ only. Members keep their own step counts, non-finite policies and checkpoints of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import optree
 
@@ -74,7 +75,8 @@ class PartitionedOptimizer:
                 raise ValueError(
                     f"labels{_path(path)} is {label!r}, which names none of the optimizers {sorted(self.optimizers)}"
                 )
-        return treedef, [_path(p) for p in paths], list(labels)
+        # every label is a key of self.optimizers (checked above), and those are strings
+        return treedef, [_path(p) for p in paths], cast("list[str]", list(labels))
 
     def _members(self, tree: Any, treedef: Any, paths: list[str], labels: list[str]) -> dict[str, dict]:
         leaves = treedef.flatten_up_to(tree)
@@ -86,15 +88,17 @@ class PartitionedOptimizer:
     def init(self, params: Any, manifolds: Any = None) -> PartitionState:
         treedef, paths, labels = self._assign(params)
         sub_params = self._members(params, treedef, paths, labels)
+        sub_mans: Mapping[str, dict[str, Any] | None]
         if manifolds is None:
             sub_mans = {key: None for key in self.optimizers}
         else:
             mans = optree.tree_flatten(manifolds, is_leaf=is_manifold_leaf, none_is_leaf=True)[0]
             if len(mans) != len(paths):
                 raise ValueError(f"manifolds must have the tree structure of params {treedef}")
-            sub_mans = {key: {} for key in self.optimizers}
+            by_label: dict[str, dict[str, Any]] = {key: {} for key in self.optimizers}
             for path, label, m in zip(paths, labels, mans, strict=True):
-                sub_mans[label][path] = m
+                by_label[label][path] = m
+            sub_mans = by_label
         states = {
             key: opt.init(sub_params[key], sub_mans[key]) for key, opt in self.optimizers.items() if sub_params[key]
         }

@@ -81,7 +81,8 @@ devices against the state's layout; skipped with ``check=False`` by adapters tha
 from __future__ import annotations
 
 import warnings
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import optree
@@ -365,7 +366,9 @@ class RiemannianOptimizer:
         transform_params = tuple(lifted_params) if uses_params else None
         inner = state.inner
         if any(group.section == "rotated" for group in layout.groups):
-            inner = self.transform.reframe(inner, self._rotation(layout.groups, state.sections, lams))
+            # init refuses a "rotated" section for a transform without a reframe rule
+            reframe = cast("Callable[[Any, Callable[[Any, int], Any]], Any]", self.transform.reframe)
+            inner = reframe(inner, self._rotation(layout.groups, state.sections, lams))
         velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         new_points, new_sections = [], []
         for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
@@ -397,7 +400,12 @@ class RiemannianOptimizer:
                 where_finite(step, state.step),
                 _backend.as_array(state.skipped + xp.astype(xp.logical_not(finite), state.skipped.dtype)),
                 optree.tree_map(where_finite, new_state.inner, state.inner),
-                optree.tree_map(where_finite, new_state.sections, state.sections),
+                # a tree_map over a tuple is a tuple; optree types trees as its nominal PyTree class,
+                # which no tuple is to a type checker
+                cast(
+                    tuple,
+                    optree.tree_map(where_finite, new_state.sections, state.sections),  # type: ignore[arg-type]
+                ),
                 layout,
             )
         return new_leaves, new_state

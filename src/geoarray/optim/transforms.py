@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import optree
 
@@ -192,6 +192,8 @@ def chain(*transforms: Any) -> GradientTransformation:
             raise TypeError(f"chain argument {i} must be a gradient transformation (init, update), got {t!r}")
     uses_params = any(getattr(t, "uses_params", True) for t in transforms)
     reframes = [getattr(t, "reframe", None) for t in transforms]
+    # the chain's reframe below is offered only when every transform has one (all(reframes))
+    rules = cast("list[Callable[[Any, Callable[[Any, int], Any]], Any]]", reframes)
 
     def init(params: Any) -> tuple:
         return tuple(t.init(params) for t in transforms)
@@ -206,7 +208,7 @@ def chain(*transforms: Any) -> GradientTransformation:
         return updates, tuple(new_state)
 
     def reframe(state: tuple, rotate: Callable[[Any, int], Any]) -> tuple:
-        return tuple(r(s, rotate) for r, s in zip(reframes, state, strict=True))
+        return tuple(r(s, rotate) for r, s in zip(rules, state, strict=True))
 
     return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None)
 

@@ -198,6 +198,7 @@ def _gather_to(owner: int, local: torch.Tensor, p: Any) -> torch.Tensor:
     dist.gather(padded, chunks, dst=dist.get_global_rank(group, owner), group=group)
     if me != owner:
         return local.new_empty((0, *p.shape))
+    assert chunks is not None  # allocated on the owner
     return torch.cat(chunks)[: p.shape[0]]
 
 

@@ -13,18 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import optree
 import torch
 
 from ..optim.riemannian import RiemannianOptimizer
 
+if TYPE_CHECKING:
+    from ..optim.manifold_muon import ManifoldMuon
+    from ..optim.partition import PartitionedOptimizer
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "Cohort", "eager_first_message", "probe_point", "restore_state", "saved_groups"]
 
 #: the ``format`` and ``version`` of the ``"geoarray"`` entry of a state_dict
 FORMAT = "geoarray.torch.Optimizer"
 FORMAT_VERSION = 1
+
+#: what steps a cohort: one of :data:`geoarray.optim.OPTIMIZER_TYPES`
+Core: TypeAlias = "RiemannianOptimizer | ManifoldMuon | PartitionedOptimizer"
 
 
 @dataclass
@@ -33,7 +40,7 @@ class Cohort:
 
     indices: tuple[int, ...]  # positions in group["params"]
     shapes: tuple[tuple[int, ...], ...]
-    core: RiemannianOptimizer
+    core: Core | None  # None in a pickled copy, until its next step rebuilds it (its key is None too)
     state: Any  # the core's state (RiemannianState, ManifoldMuonState, …), a pytree
     key: Any  # the hyperparameters the core was built from
     # (dtype, device) of each parameter when the state was built: the state lives there

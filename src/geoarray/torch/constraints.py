@@ -22,7 +22,7 @@ Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Trainin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.utils import parametrize
@@ -77,7 +77,8 @@ def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: boo
         setattr(module, name, ManifoldParameter(weight.detach(), kind(rows, cols), weight.requires_grad))
         return module
     parametrize.register_parametrization(module, name, _Transpose(), unsafe=True)
-    plist: Any = module.parametrizations[name]
+    # register_parametrization made module.parametrizations a ModuleDict (torch types it as Tensor | Module)
+    plist: Any = cast(torch.nn.ModuleDict, module.parametrizations)[name]
     original = plist.original
     plist.original = ManifoldParameter(original.detach(), kind(cols, rows), original.requires_grad)
     return module

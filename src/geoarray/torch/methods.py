@@ -14,6 +14,7 @@ import torch
 
 from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
+from .cohorts import Core
 from .optim import Optimizer
 from .param_groups import BOOKKEEPING, CORE_OPTIONS, LiveHyperparameter, core_options, scaled
 
@@ -28,11 +29,13 @@ class MethodOptimizer(Optimizer):
 
     _OWN_CORES = True
     _LIVE: tuple[str, ...] = ("lr",)
+    #: never None here: a MethodOptimizer always has defaults (lr at least), so it knows its groups' keys
+    _known: frozenset
 
     def __init__(self, params: Iterable[Any], defaults: dict, *, skip_together: bool = False):
         super().__init__(params, self._core_for, defaults, skip_together=skip_together)
 
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
+    def _core_for(self, group: dict) -> Core:
         raise NotImplementedError
 
     def _live_keys(self) -> tuple[str, ...]:
@@ -223,7 +226,7 @@ class ManifoldMuon(MethodOptimizer):
     """
 
     _LIVE = ()
-    _CORE = _optim.ManifoldMuon
+    _CORE: type[_optim.ManifoldMuon] = _optim.ManifoldMuon
 
     def __init__(self, params: Iterable[Any], lr: float = 5e-3, *, skip_together: bool = False, **kwargs: Any):
         import inspect
@@ -242,7 +245,7 @@ class ManifoldMuon(MethodOptimizer):
         self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
         super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together)
 
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
+    def _core_for(self, group: dict) -> _optim.ManifoldMuon:
         kwargs = {k: v for k, v in group.items() if k not in BOOKKEEPING and k != "lr" and k in self._known}
         lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
         return self._CORE(lr, **kwargs)

@@ -40,6 +40,11 @@ __all__ = ["Module", "wrapper"]
 class _Node(torch.nn.Module):
     """A container of parameters and child nodes mirroring a node of the parameter tree."""
 
+    # torch declares values that may be None (a registered None); this container only ever holds nodes and
+    # parameters, and dict's invariance makes the narrower declaration an "incompatible" override
+    _modules: dict[str, _Node]  # type: ignore[assignment]
+    _parameters: dict[str, torch.nn.Parameter]  # type: ignore[assignment]
+
     def forward(self, *args: Any) -> Any:  # pragma: no cover - a container, never called
         raise RuntimeError("a parameter container is not callable")
 
@@ -97,7 +102,7 @@ class Module(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.layer!r}" + (", analytic=True" if self.analytic else "")
 
-    def _node(self, path: tuple[str, ...]) -> torch.nn.Module:
+    def _node(self, path: tuple[str, ...]) -> _Node:
         node = self.params
         for name in path:
             node = node._modules[name]

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optree
 import torch
@@ -69,7 +69,7 @@ from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
 from ._agreement import agree_on_step, check_skip_together
-from .cohorts import FORMAT, FORMAT_VERSION, Cohort, eager_first_message, probe_point, restore_state, saved_groups
+from .cohorts import FORMAT, FORMAT_VERSION, Cohort, Core, eager_first_message, probe_point, restore_state, saved_groups
 from .param_groups import (
     BOOKKEEPING,
     CORE_OPTIONS,
@@ -143,11 +143,20 @@ class Optimizer(torch.optim.Optimizer):
     #: True for the convenience optimizers (``Adam``, ``Gradient``, …), which build their cores from
     #: the group's hyperparameters themselves (:mod:`geoarray.torch.methods`)
     _OWN_CORES = False
+    #: ``_factory(group)``: the core for a group's hyperparameters (set by __init__ and __setstate__;
+    #: ``...``: the lambdas of __init__ bind their other arguments as defaults)
+    _factory: Callable[..., Core]
+    #: torch.optim.Optimizer's (declared here too for type checkers that run without torch)
+    param_groups: list[dict[str, Any]]
+
+    if TYPE_CHECKING:
+        # the convenience optimizers' factory (``_OWN_CORES``), defined by geoarray.torch.methods
+        def _core_for(self, group: dict) -> Core: ...
 
     def __init__(
         self,
         params: Iterable[Any],
-        core: RiemannianOptimizer | GradientTransformation | Callable[[dict], RiemannianOptimizer],
+        core: Core | GradientTransformation | Callable[[dict], Core],
         defaults: dict | None = None,
         *,
         skip_together: bool = False,
@@ -181,7 +190,9 @@ class Optimizer(torch.optim.Optimizer):
         self._cohorts: list[list[Cohort]] = []
         super().__init__(params, defaults)
 
-    @property
+    # torch types Optimizer.state as the per-parameter dict it keeps; here the state lives in the cohorts
+    # and this is a read-only view of it
+    @property  # type: ignore[override]
     def state(self) -> StateView:
         """Each parameter's state under torch's names (``step``, ``exp_avg``, ``exp_avg_sq``,
         ``momentum_buffer``, …): a read-only mapping of views into the grouped state
@@ -194,7 +205,7 @@ class Optimizer(torch.optim.Optimizer):
         # state lives in the cohorts instead, so there is nothing to keep
         pass
 
-    def _copy_core(self, proto: RiemannianOptimizer, group: dict) -> RiemannianOptimizer:
+    def _copy_core(self, proto: Core, group: dict) -> Core:
         core = copy.copy(proto)
         if type(core).update is not RiemannianOptimizer.update:
             lr = group.get("lr", self._lr_reference)
@@ -210,7 +221,7 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- groups ------------------------------------------------------------------------------------
 
-    def _make_core(self, group: dict, group_index: int) -> RiemannianOptimizer:
+    def _make_core(self, group: dict, group_index: int) -> Core:
         core = self._factory(group)
         if not isinstance(core, _optim.OPTIMIZER_TYPES):
             raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
@@ -219,6 +230,8 @@ class Optimizer(torch.optim.Optimizer):
         if type(core).update is not RiemannianOptimizer.update:
             self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
             return core
+        # a core with RiemannianOptimizer's update is one (ManifoldMuon and partitions have their own)
+        core = cast(RiemannianOptimizer, core)
         gi = next((i for i, g in enumerate(self.param_groups) if g is group), None)
         if gi is None:
             return core  # the probe core of a group being added
@@ -337,7 +350,7 @@ class Optimizer(torch.optim.Optimizer):
             tuple((p.dtype, p.device) for p in params),
         )
 
-    def _plan(self, group: dict, gi: int) -> list[tuple[Cohort | tuple, bool]]:
+    def _plan(self, group: dict, gi: int) -> list[Cohort | tuple[int, ...]]:
         """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
         partially active cohorts before anything is changed."""
         params = group["params"]
@@ -429,6 +442,7 @@ class Optimizer(torch.optim.Optimizer):
                 leaves = [p.detach() for p in params]
             else:
                 grads, leaves = sharded.grads, sharded.leaves
+            assert cohort.core is not None  # built or rebuilt above
             # shapes, dtypes and devices were checked by _plan against this cohort's state: the
             # core's own check of the same (about 0.1 ms on 41 parameters) is skipped
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False)

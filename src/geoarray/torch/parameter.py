@@ -126,6 +126,9 @@ class ManifoldParameter(torch.nn.Parameter):
     after each step of another optimizer.
     """
 
+    #: set by __new__ (None: unconstrained)
+    manifold: Manifold | None
+
     def __new__(
         cls,
         data: torch.Tensor | None = None,
@@ -164,15 +167,16 @@ class ManifoldParameter(torch.nn.Parameter):
         """Replace the values by the nearest point of the manifold, in place (geoopt's ``proj_``);
         returns ``self``. A no-op for unconstrained parameters; ``ValueError`` for a manifold without a
         projection or a rank-deficient matrix (no unique nearest point)."""
-        if manifold_of(self) is None or not self.numel():
+        manifold = manifold_of(self)  # self.manifold, or None where unconstrained
+        if manifold is None or not self.numel():
             return self
-        nearest = nearest_point(self, self.manifold)
+        nearest = nearest_point(self, manifold)
         if nearest is None:
-            if _on_manifold(self, self.manifold):
+            if _on_manifold(self, manifold):
                 return self
-            raise ValueError(_off_manifold_message("this parameter", self, self.manifold))
-        if not _on_manifold(nearest, self.manifold):
-            raise ValueError(_off_manifold_message("this parameter", nearest, self.manifold, projected=True))
+            raise ValueError(_off_manifold_message("this parameter", self, manifold))
+        if not _on_manifold(nearest, manifold):
+            raise ValueError(_off_manifold_message("this parameter", nearest, manifold, projected=True))
         self.copy_(nearest)
         return self
 
@@ -193,7 +197,8 @@ class ManifoldParameter(torch.nn.Parameter):
         state = dict(self.__dict__)
         return (_rebuild, (self.data, self.manifold, self.requires_grad, state))
 
-    def __repr__(self) -> str:
+    # torch's Tensor.__repr__ takes a tensor_contents keyword for its own printing, which this never receives
+    def __repr__(self) -> str:  # type: ignore[override]
         return f"ManifoldParameter on {self.manifold!r} containing:\n" + torch.Tensor.__repr__(self.data)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ... import random as _random
 from ..._backend import array_namespace, as_namespace, resolve_dtype
@@ -167,9 +167,10 @@ class TransformerLM:
 
     def _norm(self, params: Mapping[str, Array], name: str, x: Array) -> Array:
         c = self.config
+        eps = cast(float, c.norm_eps)  # the config's __post_init__ filled in the arch's default
         if c.norm == "rmsnorm":
-            return rms_norm(x, params[name + ".scale"], c.norm_eps)
-        return layer_norm(x, params[name + ".scale"], params[name + ".shift"], c.norm_eps)
+            return rms_norm(x, params[name + ".scale"], eps)
+        return layer_norm(x, params[name + ".scale"], params[name + ".shift"], eps)
 
     def _attention(self, params: Mapping[str, Array], p: str, h: Array) -> Array:
         c = self.config
@@ -206,7 +207,8 @@ class TransformerLM:
             u = silu(h @ params[p + "mlp.w_gate"]) * (h @ params[p + "mlp.w_in"])
             return u @ params[p + "mlp.w_out"]
         u = h @ params[p + "mlp.w_in"] + params[p + "mlp.b_in"]
-        return activation(c.activation, u) @ params[p + "mlp.w_out"] + params[p + "mlp.b_out"]
+        act = cast(str, c.activation)  # the config's __post_init__ filled in the arch's default
+        return activation(act, u) @ params[p + "mlp.w_out"] + params[p + "mlp.b_out"]
 
     def hidden_states(self, params: Mapping[str, Array], tokens: Array, token_types: Array | None = None) -> Array:
         """The residual stream after the last block, ``(..., T, d_model)`` (for bert: the model output;
@@ -230,7 +232,10 @@ class TransformerLM:
                     )
                 types = token_types
             x = layer_norm(
-                x + self._embed(params["type"], types), params["emb_norm.scale"], params["emb_norm.shift"], c.norm_eps
+                x + self._embed(params["type"], types),
+                params["emb_norm.scale"],
+                params["emb_norm.shift"],
+                cast(float, c.norm_eps),
             )
         elif token_types is not None:
             raise ValueError(f"token_types is only used by arch 'bert', got it for arch {c.arch!r}")
