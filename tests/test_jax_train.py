@@ -66,6 +66,68 @@ def test_train_step_equals_core_updates_and_stays_on_the_manifold():
     assert float(value_x) == pytest.approx(losses[-1], abs=1e-12)
 
 
+def _compiles(caplog, name: str) -> int:
+    """How many times XLA compiled ``jit(name)`` in the records ``jax.log_compiles`` left in caplog."""
+    return sum(f"Finished XLA compilation of jit({name})" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["uncommitted", "committed"])
+def test_the_train_step_compiles_once(caplog, placed):
+    """JAX compiles a jitted function again when its arguments change from uncommitted to committed to a
+    device. The core's init commits its arrays, so with parameters made by jnp (uncommitted) the first
+    step's outputs were committed and the second step compiled the train step again; the returned state
+    now matches the parameters' placement: 4 steps, one compilation, whether the parameters are committed
+    (jax.device_put to a device) or not."""
+    import logging
+
+    import jax
+
+    params, mans, batch, loss = problem()
+    if placed:
+        params = jax.device_put(params, jax.devices()[0])
+    step, state = ga.jax.make_train_step(loss, ga.optim.Adam(lr=1e-2), params, mans)
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        p, s = params, state
+        for _ in range(4):
+            p, s, _ = step(p, s, batch)
+    assert _compiles(caplog, "step") == 1, [r.getMessage()[:80] for r in caplog.records]
+
+
+def test_fit_compiles_its_gradient_and_update_once(caplog):
+    """fit's jitted gradient and update on JAX: parameters from model.init (uncommitted) and batches
+    taken with indices made on the data's device (committed) compiled each function twice (the first
+    call with uncommitted, the later ones with committed parameters); fit commits what it carries
+    before the first step: 2 epochs of 3 batches, one compilation each."""
+    import logging
+
+    import jax
+
+    from geoarray import nn
+    from geoarray.models import ClassificationTransformer
+    from geoarray.train import fit
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 2, 4))
+    y = np.eye(3)[np.argmax(x[:, -1, :3], axis=-1)]
+    model = ClassificationTransformer(4, 2, 3, n_heads=2, n_layers=1)
+    params = model.init(0, xp=jax.numpy)
+    data = (jax.numpy.asarray(x), jax.numpy.asarray(y))
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        fit(
+            model,
+            params,
+            data,
+            ga.optim.Adam(lr=0.05),
+            nn.ClassificationL2Loss(),
+            epochs=2,
+            batch_size=4,
+            progress=False,
+        )
+    assert _compiles(caplog, "<lambda>") == 1 and _compiles(caplog, "update") == 1, [
+        r.getMessage()[:80] for r in caplog.records if "Finished XLA compilation" in r.getMessage()
+    ]
+
+
 def test_rebinding_the_callers_optimizer_leaves_a_built_step_alone():
     """After ``opt.init`` for another tree, the step built from ``opt`` still updates its own tree."""
     import jax.numpy as jnp

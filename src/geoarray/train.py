@@ -311,6 +311,9 @@ def fit(
     grad_fn = _maybe_jit(lambda p, xb, yb: value_and_grad(model, loss, p, xb, yb, grad=mode), xp, bool(jit))
     update_fn = _maybe_jit(optimizer.update, xp, bool(jit))
     dev = _backend.device(inputs)
+    # the batches are taken with indices made on dev (committed, on JAX): the carried values go there
+    # too, or every jitted function compiles twice (_backend.commit_to)
+    result.params, result.opt_state = _backend.commit_to((result.params, result.opt_state), xp, dev)
     done = (start[0] - 1) * n_batches + start[1]
     bar = _progress_bar(max(epochs * n_batches - done, 0), progress)
 

@@ -180,6 +180,22 @@ def device(x: Array) -> Any:
     return _compat.device(x)
 
 
+def commit_to(tree: Any, xp: Any, dev: Any) -> Any:
+    """``tree`` with its arrays committed to device ``dev`` — on JAX (``jax.device_put``); on the other
+    backends, which have no such notion, ``tree`` itself.
+
+    JAX compiles a jitted function again when an argument changes from uncommitted (made by ``jnp`` on
+    the default device) to committed (placed on a device, or the output of a call that had a committed
+    argument). A loop whose first call gets uncommitted parameters and a committed state or batch, and
+    whose later calls get its committed outputs, compiles every jitted function twice; committing the
+    loop's carried values before the first call compiles them once."""
+    if not is_jax(xp):
+        return tree
+    import jax
+
+    return jax.device_put(tree, dev)
+
+
 def to_host(x: Array) -> Any:
     """A NumPy copy of ``x`` (for saving and printing; the one sanctioned device→host transfer)."""
     import numpy as np

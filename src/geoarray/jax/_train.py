@@ -144,7 +144,7 @@ def make_train_step(
     if mesh is None:
         if param_sharding is not None:
             raise ValueError("param_sharding shards the parameters over a mesh: pass mesh=jax.sharding.Mesh(...) too")
-        return jax.jit(step, donate_argnums=donate_argnums), state
+        return jax.jit(step, donate_argnums=donate_argnums), _placed_like(state, params)
     from jax.sharding import NamedSharding, PartitionSpec
 
     if not isinstance(mesh, jax.sharding.Mesh):
@@ -167,6 +167,31 @@ def make_train_step(
         donate_argnums=donate_argnums,
     )
     return jitted, state
+
+
+def _placed_like(state: Any, params: Any) -> Any:
+    """``state`` committed to a device as ``params`` are, or not at all.
+
+    JAX compiles a jitted function again when its arguments change from uncommitted (made by ``jnp``
+    on the default device) to committed (placed with ``jax.device_put``, or the output of a call that
+    had a committed argument). The core's ``init`` makes its arrays on the parameters' device, which
+    commits them, so a first step with uncommitted parameters returned committed ones and the second
+    step compiled the whole train step again (seconds). Uncommitted parameters get an uncommitted
+    state (one copy through host memory, here, once); parameters committed to one device get their
+    state there."""
+    import numpy as np
+
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(params) if isinstance(leaf, jax.Array)]
+    committed = [leaf for leaf in leaves if leaf.committed]
+    if not leaves or (committed and len(committed[0].sharding.device_set) != 1):
+        return state
+    if committed:
+        return jax.device_put(state, committed[0].sharding)
+
+    def uncommitted(a: Any) -> Any:
+        return jax.numpy.asarray(np.asarray(a)) if isinstance(a, jax.Array) and a.committed else a
+
+    return jax.tree_util.tree_map(uncommitted, state)
 
 
 def _param_shardings(mesh: Any, specs: Any, params: Any) -> Any:
