@@ -1,7 +1,5 @@
 """``examples/jax_sharded.py`` at a smoke size: 4 host CPU devices, in a fresh interpreter (JAX fixes
-its number of CPU devices when it is first imported, and this session's JAX is already initialised) —
-the one tests/test_jax_fsdp.py starts, where the example runs first, as ``main(["--devices", "4",
-"--steps", "3", "--check"])``, setting the device count itself before it imports JAX.
+its number of CPU devices when it is first imported, and this session's JAX is already initialised).
 
 What the example promises, checked from its output: the stack of 8 frames lives as 2 whole frames per
 device and so does their Adam state (each device steps its own frames), the tall 32×8 weight as 8 rows
@@ -11,16 +9,30 @@ differently, so not bit for bit)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from test_jax_fsdp import four_device_run
+import pytest
 
 from _jax_common import require_jax
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_jax_sharded_example_shards_frames_and_state_and_equals_one_device(backend):
     require_jax(backend)
-    out = four_device_run()["example"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)
+    cmd = [sys.executable, str(ROOT / "examples" / "jax_sharded.py"), "--devices", "4", "--steps", "3", "--check"]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("examples/jax_sharded.py did not finish within 240 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
     assert "mesh: 4 devices along 'data'" in out, out
     assert re.search(r"frames\s+\(8, 16, 4\) → per device \[\(2, 16, 4\)\]", out), out
     assert re.search(r"mix\s+\(32, 8\) → per device \[\(8, 8\)\]", out), out

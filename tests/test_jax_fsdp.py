@@ -1,12 +1,10 @@
 """Sharded parameters and optimizer state: ``make_train_step(..., mesh=mesh, param_sharding=specs)``.
 
 4 host CPU devices (``--xla_force_host_platform_device_count=4``, set before JAX initialises: a fresh
-interpreter, bounded time, which first runs ``examples/jax_sharded.py`` for
-tests/test_examples_jax_sharded.py — the example sets the flag itself), a ``(8, 16, 4)`` stack of
-Stiefel frames sharded along the stack (``PartitionSpec("data")``: 2 frames per device), a ``64×8``
-Stiefel weight sharded by rows and a plain ``8×6`` matrix sharded by rows; the batch of 16 split over
-the same axis; Adam (ManifoldMuon gives the same picture — measured, 9e-16 — and is left out to keep
-the compile time of this test down):
+interpreter, bounded time), a ``(8, 16, 4)`` stack of Stiefel frames sharded along the stack
+(``PartitionSpec("data")``: 2 frames per device), a ``64×8`` Stiefel weight sharded by rows and a plain
+``8×6`` matrix sharded by rows; the batch of 16 split over the same axis; Adam (ManifoldMuon gives
+the same picture — measured, 9e-16 — and is left out to keep the compile time of this test down):
 
 * 5 steps equal the single-device step (parameters, state, loss) to 1e-12 in float64, the weights stay
   on their manifolds and stay sharded (2 frames, 16 rows, 2 rows per device);
@@ -19,7 +17,6 @@ the compile time of this test down):
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -31,19 +28,11 @@ import pytest
 import geoarray as ga
 from _jax_common import require_jax
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
 SCRIPT = r"""
-import contextlib, io, json, os, re, sys
-# examples/jax_sharded.py first, as its own process would run it: it sets XLA_FLAGS for 4 host devices
-# before it imports JAX (tests/test_examples_jax_sharded.py checks what it prints)
-sys.path.insert(0, EXAMPLES)
-import jax_sharded
-printed = io.StringIO()
-with contextlib.redirect_stdout(printed):
-    jax_sharded.main(["--devices", "4", "--steps", "3", "--check"])
+import json, os, re
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np
-assert len(jax.devices()) == 4, jax.devices()
 jax.config.update("jax_enable_x64", True)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import geoarray as ga
@@ -84,34 +73,25 @@ for name, opt in [("Adam", ga.optim.Adam(lr=1e-2))]:
                   for leaf in jax.tree_util.tree_leaves(sN)],
         "on_manifold": bool(F.is_point(pN["F"], atol=1e-12)) and bool(S.is_point(pN["W"], atol=1e-12)),
     }
-out["example"] = printed.getvalue()
 print(json.dumps(out))
 """
 
 
-@functools.lru_cache(maxsize=1)
-def four_device_run() -> dict:
-    """The JSON the script prints, run once per test process in a fresh interpreter with 4 host devices
-    (bounded time); tests/test_examples_jax_sharded.py reads the example's output from it."""
+@pytest.fixture(scope="module")
+def sharded(backend):
+    """The JSON the script prints, run once in a fresh interpreter with 4 host devices (bounded time)."""
+    require_jax(backend)
     src = str(Path(ga.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("XLA_FLAGS", None)
-    env.pop("JAX_PLATFORMS", None)  # the example sets it (setdefault) before importing JAX
-    script = f"EXAMPLES = {str(EXAMPLES)!r}\n" + SCRIPT
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+            [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240, check=False
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the 4-device subprocess did not finish within 240 s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def sharded(backend):
-    require_jax(backend)
-    return four_device_run()
 
 
 @pytest.mark.parametrize("name", ["Adam"])
