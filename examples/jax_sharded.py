@@ -10,11 +10,17 @@ stored as one ``(heads, d, k)`` stack, a tall Stiefel(heads·k, m) mixing weight
   treats the frames of a stack independently: nothing is gathered);
 * the tall weight is cut by rows (``PartitionSpec("data", None)``): the retraction needs the whole
   matrix, and XLA gathers it where the update needs it;
-* the batch is split over the same mesh axis; XLA inserts the reductions of the gradients.
+* the batch is split over the same mesh axis; XLA inserts the reductions of the gradients. The
+  forward pass contracts the batch with the frames, both cut along that axis, so XLA gathers one of
+  them: the smaller (with 4 examples per device, the batch; with a batch larger than the stack it
+  would be the frames, as FSDP gathers weights for the forward pass). The optimizer's update needs
+  neither.
 
-Printed: the loss every few steps; then what each device holds (parameters and the frames' Adam
-moments), the largest orthonormality error max |YᵀY − I|, and with ``--check`` the largest
-difference from the same steps on one device (float64: equal to rounding, ~1e-15).
+Printed: the collectives XLA put into the compiled step (read from its HLO: the frames and their
+state appear in none, the tall weight is all-gathered whole); the loss every few steps; what each
+device holds (parameters and the frames' Adam moments); the largest orthonormality error
+max |YᵀY − I|; and with ``--check`` the largest difference of the parameters, the optimizer state and
+the loss from the same steps on one device (float64: equal to rounding, ~1e-15).
 
 JAX fixes its number of CPU devices when it is first imported, so this script sets
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before importing it (``--devices N``); on a
@@ -26,7 +32,9 @@ machine with accelerators, drop that and build the mesh from ``jax.devices()``.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import sys
 
 
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: JAX has {len(jax.devices())} devices, --devices asks for {args.devices}", file=sys.stderr)
         raise SystemExit(2)
 
-    d, k, m, out_dim, batch = 16, 4, 8, 4, 8 * args.devices
+    d, k, m, out_dim, batch = 16, 4, 8, 4, 4 * args.devices
     F, S = ga.Stiefel(d, k), ga.Stiefel(args.heads * k, m)
     params = {
         "frames": F.random(0, xp=jnp, batch_shape=(args.heads,), dtype="float64"),
@@ -94,6 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     step, state = ga.jax.make_train_step(loss, opt, params, manifolds, mesh=mesh, param_sharding=specs)
     p = jax.device_put(params, {key: NamedSharding(mesh, spec) for key, spec in specs.items()})
     split = NamedSharding(mesh, P("data"))
+    # compiled ahead of time to read what it communicates; the same executable then runs the steps
+    step = step.lower(p, state, jax.device_put(batches[0], split)).compile()
+    print("collectives in the compiled step (result shape, kind, count):")
+    for (shape, kind), n in sorted(collectives(step.as_text()).items(), key=lambda item: item[0][::-1]):
+        print(f"  {kind:18s} {shape:14s} ×{n}")
     every = max(1, args.steps // 5)
     for t, b in enumerate(batches):
         p, state, value = step(p, state, jax.device_put(b, split))
@@ -117,12 +130,23 @@ def main(argv: list[str] | None = None) -> None:
         one, s1 = ga.jax.make_train_step(loss, opt, params, manifolds)
         p1 = params
         for b in batches:
-            p1, s1, _ = one(p1, s1, b)
+            p1, s1, v1 = one(p1, s1, b)
         diff = max(
-            float(jnp.max(jnp.abs(a - np.asarray(c))))
-            for a, c in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p), strict=True)
+            float(np.max(np.abs(np.asarray(a) - np.asarray(c))))
+            for a, c in zip(
+                jax.tree_util.tree_leaves((p1, s1, v1)), jax.tree_util.tree_leaves((p, state, value)), strict=True
+            )
         )
-        print(f"max difference from one device = {diff:.2e}")
+        print(f"max difference from one device (parameters, state, loss) = {diff:.2e}")
+
+
+def collectives(hlo: str) -> collections.Counter:
+    """``{(result shape, kind): count}`` of the collective operations in a compiled HLO module's text
+    (``f64[32,8]``, ``all-gather``; the asynchronous ``-start`` halves counted as their operation)."""
+    found = re.findall(
+        r"= (\w+\[[\d,]*\])\S* (all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\(", hlo
+    )
+    return collections.Counter(found)
 
 
 if __name__ == "__main__":

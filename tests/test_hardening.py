@@ -74,6 +74,27 @@ def test_optimizer_refuses_a_starting_point_off_the_manifold(xp, device):
     assert not hasattr(opt, "layout")  # configuration only: nothing is recorded on the optimizer
 
 
+@pytest.mark.parametrize("core", [optim.Adam, optim.ManifoldMuon])
+def test_a_float32_frame_cast_to_float64_is_refused_with_its_error_the_tolerance_and_the_fix(xp, device, core):
+    """A frame made in float32 and cast to float64 is orthonormal to ~1e-7, above float64's 1e-10: the
+    message gives the measured max|YᵀY − I| (the manifold's point_error, to 3 digits), the tolerance of
+    the dtype and the fix, and the fix it names (M.nearest_point) makes init accept the frame."""
+    M = Stiefel(20, 5)
+    Y = xp.astype(M.random(0, xp=xp, device=device, dtype="float32"), xp.float64)
+    err = M.point_error(Y)
+    assert 1e-10 < err < 1e-5
+    with pytest.raises(ValueError) as info:
+        core().init({"Y": Y}, {"Y": M})
+    message = str(info.value)
+    assert (
+        f"params['Y'] is not a point of Stiefel(20, 5): its error {err:.3g} is above the tolerance 1e-10 of float64"
+        in message
+    )
+    assert "M.nearest_point(params['Y'])" in message
+    state = core().init({"Y": M.nearest_point(Y)}, {"Y": M})
+    assert state is not None
+
+
 def test_skipped_steps_warn_once_and_are_counted(xp, device):
     M = Stiefel(6, 2)
     params = {"Y": M.random(0, xp=xp, device=device), "b": xp.zeros(2, device=device)}

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from ..optim import layout
 from ._optax import GEOARRAY_OPTIMIZERS, apply_updates, bind_to_params
 from ._trees import align_manifolds, check_like, flatten, signature, unflatten
 
@@ -73,8 +74,10 @@ def make_train_step(
         by rows. The optimizer state is sharded the way XLA's sharding propagation (GSPMD) carries the
         parameters' shardings through the update — found by compiling the update once, here — so a
         stack cut between its frames keeps each device's frames and their state on that device and
-        the step gathers neither (tests/test_jax_fsdp.py reads the collectives from the compiled
-        step's HLO: none returns the frames or their state); a weight cut inside a matrix is
+        the update gathers neither (tests/test_jax_fsdp.py reads the collectives from the compiled
+        step's HLO: none returns the frames or their state; the forward pass, which contracts a batch
+        and frames cut along the same axis, gathers whichever XLA finds cheaper — in that test the
+        batch); a weight cut inside a matrix is
         all-gathered where the update needs it whole, by the collectives XLA inserts. Put ``params`` on the mesh with
         ``jax.device_put(params, {k: NamedSharding(mesh, spec), ...})``; the returned state is
         already there.
@@ -93,7 +96,7 @@ def make_train_step(
         flat, _, _ = flatten(params, "params")
         opt = bind_to_params(optimizer, params, flat)
         mans = align_manifolds(manifolds, params, flat)
-        state = _initial_state(lambda f: opt.init(f, mans), flat, state)
+        state = _initial_state(lambda f: opt.init(f, mans), flat, state, lambda f: _check_points(f, mans))
         built_for = signature(flat)
 
         def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any, Any]:
@@ -233,15 +236,35 @@ def _state_shardings(update_like: Callable[[Any, Any], Any], params: Any, state:
     )
 
 
-def _initial_state(init: Callable[[Any], Any], params: Any, given: Any) -> Any:
+def _check_points(flat: Any, manifolds: Any) -> None:
+    """The optimizers' check of their initial points (:func:`geoarray.optim.layout.check_points`), with
+    the paths and messages of their ``init``."""
+    leaves, _, paths = layout.flatten_params(flat)
+    layout.check_points(leaves, layout.flatten_manifolds(manifolds, flat, len(leaves)), paths)
+
+
+def _initial_state(
+    init: Callable[[Any], Any], params: Any, given: Any, check: Callable[[Any], None] | None = None
+) -> Any:
     """``init(params)``, or ``given`` (a resumed state) checked against what ``init`` would return.
+
+    ``init`` runs compiled (``jax.jit``): eagerly, each of its operations — the Householder QR of the
+    sections, the packing of the leaves — is compiled on its own, once per shape, which took most of the
+    set-up of a small model (~60 compilations, 4.5 s for the two steps of ``examples/jax_sharded.py``).
+    Traced, ``init`` cannot read values, so ``check(params)`` first does the one host read per leaf
+    that it skips: whether each constrained leaf is a point of its manifold. Without ``check`` (an optax
+    transformation, whose ``init`` may hold such checks of its own) ``init`` runs eagerly.
 
     For a given state, ``init`` is only traced (``jax.eval_shape``): it computes nothing and cannot
     read values, so trained weights are not held to ``is_point``'s tolerance for initial weights;
     the given state must have the structure (layout included) of the one it would return.
     """
     if given is None:
-        return init(params)
+        if check is None:
+            return init(params)
+        lowered = jax.jit(init).lower(params)  # traced: init's checks of shapes and dtypes raise here
+        check(params)
+        return lowered.compile()(params)
     like = jax.eval_shape(init, params)
     want, got = jax.tree_util.tree_structure(like), jax.tree_util.tree_structure(given)
     # jaxlib's PyTreeDef is unresolved to mypy (jaxlib.* is ignore_missing_imports), so != looks unsupported

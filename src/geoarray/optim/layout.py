@@ -117,6 +117,35 @@ def half_dtype(x: Array) -> Any:
     return x.dtype if _backend.dtype_name(x.dtype) in ("float16", "bfloat16") else None
 
 
+def check_points(leaves: list, manifolds: list[Manifold], paths: list[str]) -> None:
+    """Raise ``ValueError`` unless every constrained leaf is a point of its manifold (``M.is_point`` at
+    the default tolerance of the leaf's dtype; float16/bfloat16 leaves in float32 at their own
+    rounding's tolerance). One host read per constrained leaf, so never inside a step: leaves traced by
+    ``jax.jit`` or ``torch.compile`` are skipped (whoever traces ``init`` checks the values first, as
+    ``geoarray.jax.make_train_step`` does). The message gives the measured error, the tolerance and the
+    fix."""
+    for leaf, m, path in zip(leaves, manifolds, paths, strict=True):
+        if m.is_vector_space or _backend.is_traced(leaf):
+            continue
+        xp = array_namespace(leaf)
+        Y = leaf if half_dtype(leaf) is None else xp.astype(leaf, xp.float32)
+        atol = Manifold.default_atol(leaf.dtype, xp)
+        if m.is_point(Y, atol=atol):
+            continue
+        err = m.point_error(Y)
+        measured = f"its error {err:.3g} is" if err is not None else "M.is_point fails,"
+        fix = (
+            f"project it first, e.g. {path} = M.nearest_point({path}) (float32 weights cast to float64 "
+            "typically measure ~1e-7)"
+            if m.has_nearest_point
+            else "start from a point of the manifold, e.g. M.random(...)"
+        )
+        raise ValueError(
+            f"{path} is not a point of {m!r}: {measured} above the tolerance {atol:g} of "
+            f"{_backend.dtype_name(leaf.dtype)}; {fix}"
+        )
+
+
 def flatten_params(params: Any, name: str = "params") -> tuple[list, Any, list[str]]:
     """The leaves of ``params``, its tree structure and the leaves' paths (:func:`leaf_path`)."""
     raw, leaves, treedef = optree.tree_flatten_with_path(params)

@@ -155,8 +155,7 @@ class ManifoldMuon:
                 )
             if m.point_shape is not None and tuple(leaf.shape[-2:]) != tuple(m.point_shape):
                 raise ValueError(f"{path} has shape {tuple(leaf.shape)}, which does not end in {m.point_shape}")
-            if not m.is_vector_space and not _backend.is_traced(leaf) and not m.is_point(leaf):
-                raise ValueError(f"{path} is not a point of {m!r} (M.is_point at its default tolerance)")
+        _layout.check_points(leaves, mans, paths)
 
     def init(self, params: Any, manifolds: Any = None) -> ManifoldMuonState:
         """The initial state for ``params`` constrained by ``manifolds`` (a Manifold or None per leaf)."""

@@ -258,20 +258,7 @@ class RiemannianOptimizer:
                 raise ValueError(
                     f"{path} has shape {tuple(leaf.shape)}, which does not end in {tuple(shape)} as {m!r} needs"
                 )
-            # one host read per leaf, at init only (never inside a step, never under tracing); half
-            # precision leaves are checked in float32 at the accuracy of their own rounding
-            if (
-                not m.is_vector_space
-                and not _backend.is_traced(leaf)
-                and not m.is_point(
-                    leaf if _layout.half_dtype(leaf) is None else xp.astype(leaf, xp.float32),
-                    atol=Manifold.default_atol(leaf.dtype, xp),
-                )
-            ):
-                raise ValueError(
-                    f"{path} is not a point of {m!r} (M.is_point at its default tolerance); start from a point "
-                    "of the manifold, e.g. M.random(...) or the Q factor of a QR decomposition"
-                )
+        _layout.check_points(leaves, mans, paths)  # one host read per leaf, at init only, never traced
         strategies = [self._strategy(m, p) for m, p in zip(mans, paths, strict=True)]
         layout = _layout.make_layout(
             leaves, treedef, paths, mans, strategies=strategies, group_same_shape=self.group_same_shape
