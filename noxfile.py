@@ -71,6 +71,18 @@ def _workers(tag: str) -> list[str]:
     return ["-n", str(n), "--dist", "worksteal"] if n > 1 else []
 
 
+def _compiler_env(backend: str, tag: str) -> dict[str, str]:
+    """XLA's CPU backend at optimisation level 0 for the JAX CPU session: its time is mostly compiling
+    the tests' many small programs once each (every eager operation of a new shape is one), which
+    level 0 does faster than it loses running them — test_jax_train.py and test_manifolds.py took
+    132 s against 169–175 s in one process. Only the tests' compiler: users' programs are unaffected,
+    and the results agree to the tests' tolerances (bit-equality is only asked of a computation
+    repeated, which level 0 repeats as well). A caller's XLA_FLAGS wins."""
+    if backend != "jax" or tag != "cpu" or "XLA_FLAGS" in os.environ:
+        return {}
+    return {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
 def _make_session(name: str, backend: str, tag: str):
     requirements = ROOT / "backends" / f"{name}.txt"
 
@@ -92,7 +104,7 @@ def _make_session(name: str, backend: str, tag: str):
             "no:cacheprovider",
             *_workers(tag),
             *session.posargs,  # after: `-- -n 0` runs in one process
-            env={"GEOARRAY_BACKEND": backend},
+            env={"GEOARRAY_BACKEND": backend, **_compiler_env(backend, tag)},
         )
 
     return run
