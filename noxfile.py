@@ -102,6 +102,7 @@ def _make_session(name: str, backend: str, tag: str):
             "pytest",
             "-p",
             "no:cacheprovider",
+            "--durations=15",  # the slowest tests in CI's log: where the session's time goes
             *_workers(tag),
             *session.posargs,  # after: `-- -n 0` runs in one process
             env={"GEOARRAY_BACKEND": backend, **_compiler_env(backend, tag)},
