@@ -136,7 +136,7 @@ def check_points(leaves: list, manifolds: list[Manifold], paths: list[str]) -> N
         measured = f"its error {err:.3g} is" if err is not None else "M.is_point fails,"
         fix = (
             f"project it first, e.g. {path} = M.nearest_point({path}) (float32 weights cast to float64 "
-            "typically measure ~1e-7)"
+            "measure ~1e-8 to 1e-6)"
             if m.has_nearest_point
             else "start from a point of the manifold, e.g. M.random(...)"
         )
