@@ -145,7 +145,8 @@ def test_partition_of_manifold_muon_and_adam(xp, device, backend):
 @pytest.mark.parametrize("n_iter", [0, 2, 30])
 def test_compressed_polar_step_equals_the_generic_path(xp, device, n_iter):
     """``stiefel_spectral_step`` (the polar retraction assembled from n×n blocks, ManifoldMuon's fast path)
-    equals the generic route polar(Y − lr·A) on N×n with A, P from ``stiefel_spectral_direction``, to 1e-12:
+    equals the generic route polar(Y − lr·A) on N×n with A, P from ``stiefel_spectral_direction``, to 1e-12
+    (and the step without ``return_direction`` equals the step with it to 1e-13):
     batched, warm-started from a random symmetric P0, for learning rates whose (XᵀX)^{-1/2} is the series of
     degree 4 and 8 and the eigh (lr = 0.003, 0.07, 0.4 in float64), and for a Y that has drifted off the
     manifold (YᵀY = (1 + 1e-6)²I, which the N×n polar removes and so must the compressed one)."""
@@ -165,7 +166,11 @@ def test_compressed_polar_step_equals_the_generic_path(xp, device, n_iter):
             assert_close(Y1, linalg.polar(Yk - lr * A, method="eigh"), xp=xp, atol=1e-12)
             assert_close(A1, A, xp=xp, atol=1e-12)
             assert_close(P1, P, xp=xp, atol=1e-12)
-            assert_close(stiefel_spectral_step(Yk, G, lr=lr, P0=P0, n_iter=n_iter)[0], Y1, xp=xp, atol=0)
+            # without return_direction: the same point, but on JAX another compiled program (the direction's
+            # outputs dropped), which XLA may fuse and contract into FMAs differently; so to 1e-13 (|Y| ≤ 1),
+            # not bit for bit — still far below any change of the step itself
+            Y0 = stiefel_spectral_step(Yk, G, lr=lr, P0=P0, n_iter=n_iter)[0]
+            assert_close(Y0, Y1, xp=xp, atol=1e-13)
     assert M.is_point(Y1, atol=1e-12)
 
 
