@@ -17,7 +17,7 @@ import pytest
 
 import geoarray
 from _helpers import asarray, assert_close, max_abs, to_numpy
-from geoarray import linalg
+from geoarray import _backend, linalg
 from geoarray.manifolds import (
     DenseSection,
     Euclidean,
@@ -349,8 +349,9 @@ def test_float32_phi1_is_accurate_to_float32_roundoff(xp, device, norm):
 def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name):
     """Each Taylor rule (degree, chunk, θ) of φ₁ is accurate to a few unit roundoffs at ‖X‖₁ = θ (its
     truncation error Σ_{k>m} θ^k/(k+1)! is below u), against the top float64 rule with scaling and
-    doubling; an eager call picks the lowest rule whose θ covers the largest bound (bit for bit), and
-    a bound beyond the last θ takes the scaled route."""
+    doubling; an eager call picks the lowest rule whose θ covers the largest bound (bit for bit where it
+    reads the bound to the host: the same call; without host reads, a GPU, another computation held to
+    the rule's accuracy), and a bound beyond the last θ takes the scaled route."""
     from geoarray.manifolds.retraction import _PHI1_RULES, _phi1_bounded, _phi1_scaled, _phi1_taylor
 
     dtype = getattr(xp, dtype_name)
@@ -364,10 +365,18 @@ def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name
         got = _phi1_taylor(X, xp, rule)
         assert max_abs(xp.astype(got, xp.float64) - ref) < 8 * u, rule
         bound = xp.full((3,), 0.999 * theta, dtype=dtype, device=device)  # below θ after rounding
-        assert_close(_phi1_bounded(X, bound, xp, 64), got, xp=xp, atol=0, dtype=dtype)
+        bounded = _phi1_bounded(X, bound, xp, 64)
+        if _backend.host_reads_allowed(bound):  # the rule chosen on the host runs this same _phi1_taylor call
+            assert_close(bounded, got, xp=xp, atol=0, dtype=dtype)
+        else:  # no host reads (a GPU): fixed work, or a lax.switch compiled apart: another computation
+            assert max_abs(xp.astype(bounded, xp.float64) - ref) < 8 * u, rule
     X = xp.astype(2.0 * X64, dtype)
     bound = xp.full((3,), 2.0, dtype=dtype, device=device)
-    assert_close(_phi1_bounded(X, bound, xp, 64), _phi1_scaled(X, bound, xp, 64), xp=xp, atol=0, dtype=dtype)
+    bounded, scaled = _phi1_bounded(X, bound, xp, 64), _phi1_scaled(X, bound, xp, 64)
+    if _backend.host_reads_allowed(bound):  # the same _phi1_scaled call, bit for bit
+        assert_close(bounded, scaled, xp=xp, atol=0, dtype=dtype)
+    else:  # as above: another computation of the same route, which rounds differently (a few u, one doubling)
+        assert_close(bounded, scaled, xp=xp, atol=32 * u * max(1.0, max_abs(scaled)), dtype=dtype)
 
 
 @pytest.mark.parametrize("norm", [0.01, 0.1, 0.5, 2.0, float("nan")])
