@@ -24,6 +24,25 @@ geoopt); float64 1.16–1.21× geoopt. The step is nine n×n products (section 2
 application 1): ≤ 2× torch's Adam is out of reach for any retraction-based step at this size
 (geoopt's is 4.2–4.6×).
 
+With ``--floor`` (2026-11-27, ``OMP_NUM_THREADS=1 --floor --steps 400``, four runs, float32, one other job
+on the second core): geoarray 1.39–1.51 ms = 4.41–4.73× torch.optim.Adam (0.30–0.33 ms) and 0.65–0.69×
+geoopt (6.65–7.08×); ``floor`` 1.69–1.81× but max|YᵀY − I| = 1.7e-5 after 403 steps (it drifts);
+``floor-bjorck`` 2.05–2.22× with 7.2e-7 (geoarray: 6.0e-7), 3.3e-7 from geoarray's weight. So an eager
+step with the library's accuracy is above 2× torch's Adam even written out by hand, with no checks and
+no tree handling; what geoarray adds on top of it (~0.8 ms: the non-finite policy, the layout, ~45 more
+small operations and their dispatch) is what a fused kernel would remove.
+
+``--floor`` also times two hand-written steps of the same update, the cheapest an eager step can be
+(not library code; they exist to show where ≤ 2× torch's Adam stands): ``floor``, the lift
+A = YᵀG − GᵀY (1 product), Adam's moments on A in place with torch's conventions, exp(D) by its
+degree-3 Taylor polynomial (2 products; at lr 1e-4 the step D has ‖D‖₁ ≤ 0.04, so the truncation is
+≤ ‖D‖₁⁴/24 ≈ 1e-7) and Y ← Y·exp(D) (1 product): 4 products and 12 elementwise operations, no checks
+— but nothing holds Y on the manifold against float32 rounding; ``floor-bjorck``, the same plus the one
+Björck step Y(3I − YᵀY)/2 that the library's square path applies each step (2 products). After the
+timing (every stepper took the same number of steps from the same start and gradient) the script
+prints each floor's max|YᵀY − I| and its distance to geoarray's weight (the same algorithm: with an
+exact exp it equals ``gt.Adam`` to 7e-16 in float64).
+
 ``--kernels`` also times, interleaved, the pieces of the general (N > n) step on this shape and the n×n
 kernel the square path uses instead (for n = N the horizontal part B is empty and exp(W)E = exp(A)):
 
@@ -77,6 +96,7 @@ def _steppers(n: int, dtype: torch.dtype, lr: float) -> dict:
         return step
 
     W = gt.ManifoldParameter(start.clone(), M)
+    out["weights"] = {"geoarray": W}
     out["geoarray"] = make(W, gt.Adam([W], lr=lr))
     Wp = gt.ManifoldParameter(start.clone(), M)
     out["geoarray-paper"] = make(Wp, gt.PaperAdam([Wp], lr=lr))
@@ -90,6 +110,33 @@ def _steppers(n: int, dtype: torch.dtype, lr: float) -> dict:
         G = geoopt.ManifoldParameter(start.clone(), manifold=geoopt.Stiefel())
         out["geoopt"] = make(G, geoopt.optim.RiemannianAdam([G], lr=lr))
     return out
+
+
+def _floors(n: int, dtype: torch.dtype, lr: float) -> tuple[dict, dict]:
+    """The two hand-written floor steps of the module docstring, and their weights (read after timing)."""
+    M = geoarray.Stiefel(n, n)
+    start = M.random(0, xp=torch, dtype=dtype)
+    grad = torch.randn(n, n, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    eye = torch.eye(n, dtype=dtype)
+    beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults, as geoarray.torch.Adam's
+    fns, weights = {}, {}
+    for name, bjorck in (("floor", False), ("floor-bjorck", True)):
+        Y, m, v, t = start.clone(), torch.zeros_like(start), torch.zeros_like(start), [0]
+
+        @torch.no_grad()
+        def step(Y=Y, m=m, v=v, t=t, bjorck=bjorck) -> None:
+            t[0] += 1
+            Q = torch.addmm(Y, Y, Y.mT @ Y - eye, alpha=-0.5) if bjorck else Y  # Y(3I − YᵀY)/2
+            A = Q.mT @ grad
+            A = A - A.mT  # the lift to the Lie algebra: YᵀG − GᵀY
+            m.lerp_(A, 1 - beta1)
+            v.mul_(beta2).addcmul_(A, A, value=1 - beta2)
+            D = torch.div(m, (v / (1 - beta2 ** t[0])).sqrt_().add_(eps)).mul_(-lr / (1 - beta1 ** t[0]))
+            E = torch.addmm(eye + D, D @ D, (D / 6).add_(eye, alpha=0.5))  # I + D + D²(I/2 + D/6)
+            Y.copy_(Q @ E)
+
+        fns[name], weights[name] = step, Y
+    return fns, weights
 
 
 def _kernels(n: int, dtype: torch.dtype) -> dict:
@@ -133,13 +180,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kernels", action="store_true", help="also time the pieces of the square step")
+    parser.add_argument("--floor", action="store_true", help="also time the hand-written floor steps")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.n < 1 or args.steps < 1:
         parser.error(f"--n and --steps must be at least 1, got {args.n} and {args.steps}")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    medians = interleaved_medians(_steppers(args.n, dtype, args.lr), args.steps)
+    steppers = _steppers(args.n, dtype, args.lr)
+    weights = steppers.pop("weights")
+    if args.floor:
+        floor_fns, floor_weights = _floors(args.n, dtype, args.lr)
+        steppers.update(floor_fns)
+        weights.update(floor_weights)
+    medians = interleaved_medians(steppers, args.steps)
     rows = []
     print(f"one Adam step on a {args.n}×{args.n} orthogonal weight, {args.dtype}, {args.threads} thread(s), "
           f"median of {args.steps} interleaved steps")  # fmt: skip
@@ -150,6 +204,22 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         vs_geoopt = f"  {row['vs_geoopt']:5.2f}× geoopt" if "vs_geoopt" in row else ""
         print(f"{name:15s} {row['median_ms']:7.3f} ms  {row['vs_torch']:5.2f}× torch.optim.Adam{vs_geoopt}")
+    floor = None
+    if args.floor:
+        eye = torch.eye(args.n, dtype=dtype)
+        with torch.no_grad():
+            Yg = weights["geoarray"].detach()
+            floor = {
+                name: {
+                    "max_abs_orthogonality_error": float((Y.mT @ Y - eye).abs().max()),
+                    "max_abs_difference_to_geoarray": float((Y - Yg).abs().max()),
+                }
+                for name, Y in weights.items()
+            }
+        print(f"after {args.steps + 3} steps from the same start:")
+        for name, f in floor.items():
+            print(f"  {name:15s} max|YᵀY − I| {f['max_abs_orthogonality_error']:.1e}   "
+                  f"max|Y − Y_geoarray| {f['max_abs_difference_to_geoarray']:.1e}")  # fmt: skip
     kernels = None
     if args.kernels:
         fns, agree = _kernels(args.n, dtype)
@@ -162,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "command": "python benchmarks/square_step.py " + shlex.join(argv),
         "kernels": kernels,
+        "floor": floor,
         "machine": machine_info(args.threads),
         "n": args.n,
         "dtype": args.dtype,

@@ -3,7 +3,9 @@ PaperAdam, torch.optim.Adam and geoopt's RiemannianAdam where installed): it run
 its ``--json`` holds every optimizer with a positive, finite median and the ratios to torch's Adam
 (1 for torch itself) and to geoopt's, and with ``--kernels`` the pieces of the step, where the n×n
 kernel of a square fast path, I + A·φ₁(A), equals the 2n×2n retraction kernel's exp(A) to float32
-rounding. No time is asserted. Torch sessions only: the script times
+rounding; with ``--floor`` the two hand-written floor steps run the same update as geoarray's Adam (their
+weights equal its weight to float32 rounding after the timed steps) and the one with the Björck step
+stays orthonormal to float32 rounding. No time is asserted. Torch sessions only: the script times
 torch optimizers."""
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ def test_square_step_json(backend, tmp_path, capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     path = tmp_path / "square.json"
-    module.main(["--n", "8", "--steps", "2", "--kernels", "--json", str(path)])
+    module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--json", str(path)])
     assert "torch.optim.Adam" in capsys.readouterr().out
     result = json.loads(path.read_text())
-    assert result["command"] == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --json {path}"
+    assert result["command"] == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --floor --json {path}"
     rows = {r["optimizer"]: r for r in result["rows"]}
-    expected = {"geoarray", "geoarray-paper", "torch"} | ({"geoopt"} if importlib.util.find_spec("geoopt") else set())
+    expected = {"geoarray", "geoarray-paper", "torch", "floor", "floor-bjorck"}
+    expected |= {"geoopt"} if importlib.util.find_spec("geoopt") else set()
     assert set(rows) == expected
     for row in rows.values():
         assert row["median_ms"] > 0 and math.isfinite(row["median_ms"])
@@ -41,3 +44,10 @@ def test_square_step_json(backend, tmp_path, capsys):
     assert {"section-householder", "section-square", "retraction-2n", "exp-n", "matmul-n", "torch-adam"} <= set(kernels)
     # the square fast path's kernel computes the same exp(A) as the 2n×2n one (float32 rounding)
     assert kernels["max_abs_difference_retraction_2n_vs_exp_n"] < 1e-5
+    # the floors are the same update (float32, 5 steps at n = 8: differences of a few ulps of the O(1) entries)
+    floor = result["floor"]
+    assert set(floor) == {"geoarray", "floor", "floor-bjorck"}
+    assert floor["geoarray"]["max_abs_difference_to_geoarray"] == 0.0
+    for name in ("floor", "floor-bjorck"):
+        assert floor[name]["max_abs_difference_to_geoarray"] < 1e-5
+    assert floor["floor-bjorck"]["max_abs_orthogonality_error"] < 1e-5
