@@ -345,13 +345,21 @@ def test_float32_phi1_is_accurate_to_float32_roundoff(xp, device, norm):
     assert rel < 2e-6 * max(1.0, norm / 4), rel
 
 
+@pytest.fixture(params=["cpu", "never"])
+def host_reads(request):
+    """The test under the default host reads policy and under ``"never"`` (what a GPU runs), restored after."""
+    previous = geoarray.set_host_reads(request.param)
+    yield request.param
+    geoarray.set_host_reads(previous)
+
+
 @pytest.mark.parametrize("dtype_name", ["float64", "float32"])
-def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name):
+def test_phi1_taylor_rules_are_accurate_up_to_their_theta(xp, device, dtype_name, host_reads):
     """Each Taylor rule (degree, chunk, θ) of φ₁ is accurate to a few unit roundoffs at ‖X‖₁ = θ (its
     truncation error Σ_{k>m} θ^k/(k+1)! is below u), against the top float64 rule with scaling and
     doubling; an eager call picks the lowest rule whose θ covers the largest bound (bit for bit where it
-    reads the bound to the host: the same call; without host reads, a GPU, another computation held to
-    the rule's accuracy), and a bound beyond the last θ takes the scaled route."""
+    reads the bound to the host: the same call; without host reads, a GPU or ``set_host_reads("never")``,
+    another computation held to the rule's accuracy), and a bound beyond the last θ takes the scaled route."""
     from geoarray.manifolds.retraction import _PHI1_RULES, _phi1_bounded, _phi1_scaled, _phi1_taylor
 
     dtype = getattr(xp, dtype_name)
