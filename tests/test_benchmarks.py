@@ -147,12 +147,46 @@ def test_step_kernels_json(bench_backend, tmp_path, capsys):
     if bench_backend != "torch":
         pytest.skip("step_kernels.py records kernels with a torch dispatch mode")
     path = tmp_path / "step_kernels.json"
-    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--json", str(path)])
+    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--floor", "--json", str(path)])
     (row,) = json.loads(path.read_text())["rows"]
     assert row["n_kernels"] >= 3 and "geqrf" in {k["name"] for k in row["kernels"]}
-    for key in ("step_ms", "kernels_ms", "ratio_step_over_kernels"):
+    for key in ("step_ms", "kernels_ms", "ratio_step_over_kernels", "floor_ms", "ratio_floor_over_kernels"):
         _positive_finite(row[key], key)
-    assert "step/kernels" in capsys.readouterr().out
+    assert math.isclose(row["ratio_floor_over_kernels"], row["floor_ms"] / row["kernels_ms"], rel_tol=1e-9)
+    # the floor took as many steps as geoarray's Adam from the same start: the same weight to float32 rounding
+    assert row["floor_max_abs_difference_to_geoarray"] < 1e-5
+    assert "floor/kernels" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shape", [(16, 12, 3), (8, 16, 4), (40, 5)], ids=["packed", "batched-wy", "single-wy"])
+def test_step_kernels_floor_is_geoarrays_update(bench_backend, shape):
+    """The hand-written floor of step_kernels.py --floor is the update of ``geoarray.optim.Adam(lr=1e-3)``
+    in each section form geoarray picks (packed reflectors for a batch of ≥ 16 small frames, compact WY
+    otherwise): after 6 steps from the same point and gradient both weights agree to 2e-6 (float32; the
+    entries are O(1)), and the floor's weight is orthonormal to 2e-6."""
+    if bench_backend != "torch":
+        pytest.skip("the floor step is written in torch")
+    import torch
+
+    import geoarray
+    from geoarray import optim
+
+    module = _load("step_kernels")
+    *batch, N, n = shape
+    M = geoarray.Stiefel(N, n)
+    Y = M.random(3, xp=torch, batch_shape=tuple(batch), dtype=torch.float32)
+    G = geoarray.random.normal(4, tuple(Y.shape), xp=torch, dtype=torch.float32, scale=1e-2)
+    form = geoarray._backend.householder_section_form(tuple(Y.shape), geoarray.as_namespace(torch))
+    assert form == ("packed" if len(batch) and batch[0] >= 16 else "compact-wy")
+    floor, state = module.floor_step(Y, G)
+    opt = optim.Adam(lr=module.LR)
+    params, opt_state = {"W": Y}, opt.init({"W": Y}, {"W": M})
+    for _ in range(6):
+        floor()
+        params, opt_state = opt.update(params, {"W": G}, opt_state)
+    assert float((state["Y"] - params["W"]).abs().max()) < 2e-6
+    gram = state["Y"].mT @ state["Y"]
+    assert float((gram - torch.eye(n)).abs().max()) < 2e-6
 
 
 def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):

@@ -236,22 +236,26 @@ def test_triu_inverse_native_equals_generic(xp, device, backend):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9, 16])
 def test_t_factor_series_is_the_ut_inverse(xp, device, n):
-    """The Neumann-series T factor (the path of backends without a triangular solver) equals
-    (diag(1/τ) + striu(VᵀV))⁻¹ by an LU solve to 1e-13, on every backend, batched; a reflector with
-    τₖ = 0 gives a zero row and column k, and the same inverse elsewhere."""
+    """The Neumann-series T factor (the path of backends without a triangular solver), (I + M)⁻¹·diag(τ)
+    with M = diag(τ)·striu(VᵀV), equals (diag(1/τ) + striu(VᵀV))⁻¹ by an LU solve to 1e-13, on every
+    backend, batched; a reflector with τₖ = 0 gives a zero row and column k, and the same inverse elsewhere."""
     rng = np.random.default_rng(20 + n)
     V_np = np.tril(rng.standard_normal((3, 2 * n + 1, n)), k=-1)
     V_np[:, np.arange(n), np.arange(n)] = 1.0
     tau_np = 2.0 / np.sum(V_np * V_np, axis=-2)
     V, tau = asarray(V_np, xp, device), asarray(tau_np, xp, device)
     G = xp.matrix_transpose(V) @ V
-    T = linalg._t_factor_series(G, tau, xp)
+
+    def series(tau):
+        return linalg._t_factor_series(tau[..., :, None] * xp.triu(G, k=1), tau, xp)
+
+    T = series(tau)
     T_inv = np.triu(to_numpy(G), k=1) + tau_np[..., None, :] ** -1 * np.eye(n)
     assert_close(T, np.linalg.inv(T_inv), xp=xp, device=device, atol=1e-13)
     # τₖ = 0 for one reflector: row and column k vanish, the rest is the inverse without reflector k
     k = n // 2
     tau_np[1, k] = 0.0
-    T = to_numpy(linalg._t_factor_series(G, asarray(tau_np, xp, device), xp))
+    T = to_numpy(series(asarray(tau_np, xp, device)))
     assert np.all(T[1, k, :] == 0) and np.all(T[1, :, k] == 0)
     rest = [i for i in range(n) if i != k]
     sub = np.triu(to_numpy(G)[1][np.ix_(rest, rest)], k=1) + np.diag(1 / tau_np[1, rest])
