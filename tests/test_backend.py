@@ -121,6 +121,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("expm") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("geqrf") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("triu_inverse") == ["jax", "torch"]
+    assert _backend.fast_path_backends("t_factor") == ["jax", "torch"]
     assert _backend.fast_path_backends("addmm") == ["torch"]
     assert _backend.fast_path_backends("lerp") == ["torch"]
     assert _backend.fast_path_backends("matmul") == ["torch"]

@@ -262,6 +262,28 @@ def test_t_factor_series_is_the_ut_inverse(xp, device, n):
     np.testing.assert_allclose(T[1][np.ix_(rest, rest)], np.linalg.inv(sub), atol=1e-13)
 
 
+@pytest.mark.parametrize("n", [1, 4, 9])
+def test_t_factor_native_equals_the_series(xp, device, backend, n):
+    """The unit-triangular-solve fast path of the T factor (torch, JAX), which reads only the strict upper
+    triangle of diag(τ)·VᵀV, equals the Neumann series to 1e-13, batched, also with a τₖ = 0 reflector
+    (a zero row and column k)."""
+    if backend.kind not in _backend.fast_path_backends("t_factor"):
+        assert _backend.t_factor(xp.zeros((2, 2), device=device), xp.zeros((2,), device=device), xp) is None
+        pytest.skip(f"{backend.kind} has no triangular solver in its namespace: T comes from _t_factor_series")
+    rng = np.random.default_rng(40 + n)
+    V_np = np.tril(rng.standard_normal((3, 2 * n + 1, n)), k=-1)
+    V_np[:, np.arange(n), np.arange(n)] = 1.0
+    tau_np = 2.0 / np.sum(V_np * V_np, axis=-2)
+    tau_np[1, n // 2] = 0.0
+    V, tau = asarray(V_np, xp, device), asarray(tau_np, xp, device)
+    G = xp.matrix_transpose(V) @ V
+    series = linalg._t_factor_series(tau[..., :, None] * xp.triu(G, k=1), tau, xp)
+    native = _backend.t_factor(G, tau, xp)
+    assert_close(native, series, xp=xp, atol=1e-13)
+    T = to_numpy(native)
+    assert np.all(T[1, n // 2, :] == 0) and np.all(T[1, :, n // 2] == 0)
+
+
 def test_householder_handles_already_reduced_columns(xp, device):
     """Y = E = [I; 0] needs no reflection (τ = 0): T must stay finite and Q = I."""
     E = asarray(np.eye(8, 3), xp, device)

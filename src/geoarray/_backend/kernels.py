@@ -130,6 +130,34 @@ def _triu_inverse_jax(U: Array) -> Array:
     return jax.lax.linalg.triangular_solve(U, eye, left_side=True, lower=False)
 
 
+# the compact-WY T factor ------------------------------------------------------------------------------
+# T = (I + M)⁻¹·diag(τ) with M = diag(τ)·striu(G), G = VᵀV (linalg.householder._compact_wy): one unit
+# triangular solve that reads only the strict upper triangle of diag(τ)·G, so neither the triu nor the
+# identity of I + M is formed (torch: 3 operations where T⁻¹ = diag(1/τ) + striu(G) and its masks took 14).
+
+
+@register_fast_path("t_factor", "torch")
+def _t_factor_torch(G: Array, tau: Array) -> Array:
+    import torch
+
+    return torch.linalg.solve_triangular(tau[..., :, None] * G, torch.diag_embed(tau), upper=True, unitriangular=True)
+
+
+@register_fast_path("t_factor", "jax")
+def _t_factor_jax(G: Array, tau: Array) -> Array:
+    import jax
+    import jax.numpy as jnp
+
+    diag = tau[..., None, :] * jnp.eye(G.shape[-1], dtype=G.dtype)
+    return jax.lax.linalg.triangular_solve(tau[..., :, None] * G, diag, left_side=True, lower=False, unit_diagonal=True)
+
+
+def t_factor(G: Array, tau: Array, xp: Namespace) -> Array | None:
+    """T = (I + diag(τ)·striu(G))⁻¹·diag(τ) by the backend's unit triangular solve, or None without one."""
+    native = fast_path("t_factor", xp)
+    return None if native is None else native(G, tau)
+
+
 # C + α·A@B ---------------------------------------------------------------------------------------
 # torch's addmm/baddbmm add the product into C inside the GEMM (β = 1): one N×n pass and one
 # temporary fewer than A@B followed by an addition (one thread, float32: 4096×128·128×128 with the
@@ -296,7 +324,7 @@ def _split_geqrf(a: Array, tau: Array, xp: Namespace, *, column_major: bool = Tr
     # 1.5 ms of a row-major concatenation)
     n = a.shape[-1]
     top = a[..., :n, :]
-    V_top = xp.tril(top, k=-1) + xp.eye(n, dtype=a.dtype, device=_compat.device(a))
+    V_top = xp.tril(top, k=-1) + eye(n, None, a, xp)
     if a.shape[-2] <= n:
         V = V_top
     elif column_major:

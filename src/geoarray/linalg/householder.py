@@ -65,15 +65,13 @@ def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
     T = (I + M)⁻¹·diag(τ) with M = diag(τ)·striu(VᵀV): a unit upper triangular inverse, with no 1/τ. A
     reflector with τₖ = 0 is the identity (LAPACK's choice when a column is already reduced): row k of M
     is then zero, so row k of (I + M)⁻¹ is eₖ and row and column k of T are zero without masks; V T Vᵀ
-    no longer sees vₖ. Where the backend has a triangular solver (torch, JAX) (I + M)⁻¹ is that solve;
+    no longer sees vₖ. Where the backend has a triangular solver (torch, JAX) T is one unit triangular solve;
     elsewhere :func:`_t_factor_series`, a few n×n products instead of a general LU solve. All of this is
     n×n work.
     """
-    M = tau[..., :, None] * xp.triu(mT(V, xp) @ V, k=1)
-    native = _backend.fast_path("triu_inverse", xp)
-    if native is None:
-        return V, _t_factor_series(M, tau, xp)
-    return V, native(eye(V.shape[-1], V) + M) * tau[..., None, :]
+    G = mT(V, xp) @ V
+    T = _backend.t_factor(G, tau, xp)  # torch, JAX: one unit triangular solve
+    return V, _t_factor_series(tau[..., :, None] * xp.triu(G, k=1), tau, xp) if T is None else T
 
 
 def _t_factor_series(M: Array, tau: Array, xp: Any) -> Array:

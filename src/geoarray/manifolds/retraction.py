@@ -229,10 +229,11 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     low = halfA @ halfA - gram  # c = a² − G
     # α = ‖c‖₁^½, kept positive for a zero step (c = 0) by the smallest normal number: X_b is then
     # [[a, ~0], [0, a]] and α cancels from D below
-    alpha = xp.sqrt(_norm1(low, xp) + xp.finfo(low.dtype).smallest_normal)[..., None, None]
+    alpha0 = xp.sqrt(_norm1(low, xp) + xp.finfo(low.dtype).smallest_normal)
+    alpha = alpha0[..., None, None]
     eye = linalg.eye(k, halfA)  # unbatched: it broadcasts
     Xb = xp.concat([xp.concat([halfA, alpha * eye], axis=-1), xp.concat([low / alpha, halfA], axis=-1)], axis=-2)
-    U = _phi1_bounded(Xb, _norm1(halfA, xp) + alpha[..., 0, 0], xp, max_doublings)
+    U = _phi1_bounded(Xb, _norm1(halfA, xp) + alpha0, xp, max_doublings)
     # D = U·[I; a/α] = U[:, :k] + U[:, k:]·a/α: one product, and no [I; a/α] to assemble
     D = _backend.addmm(U[..., :, :k], U[..., :, k:], halfA / alpha, xp)
     D_top = D[..., :k, :]
