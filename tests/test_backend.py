@@ -127,7 +127,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("matmul") == ["torch"]
     assert _backend.fast_path_backends("split") == ["torch"]
     assert _backend.fast_path_backends("eye") == ["torch"]
-    assert _backend.fast_path_backends("norm1") == ["numpy"]
+    assert _backend.fast_path_backends("norm1") == ["numpy", "torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -179,8 +179,9 @@ def test_split_gives_the_consecutive_slices(xp, device, backend):
 
 
 def test_norm1_is_the_largest_absolute_column_sum(xp, device, backend):
-    """``_backend.norm1`` (NumPy: column sums as a product with a row of ones) equals max_j Σᵢ |xᵢⱼ| to 1e-14
-    per matrix of a batch, and is NaN for a NaN entry and inf for an infinite one, in its own matrix only."""
+    """``_backend.norm1`` (NumPy: column sums as a product with a row of ones; torch: its reductions called
+    directly) equals max_j Σᵢ |xᵢⱼ| to 1e-14 per matrix of a batch, and is NaN for a NaN entry and inf for an
+    infinite one, in its own matrix only."""
     rng = np.random.default_rng(13)
     X_np = rng.standard_normal((2, 3, 5, 4))
     X = asarray(X_np, xp, device)
@@ -192,7 +193,7 @@ def test_norm1_is_the_largest_absolute_column_sum(xp, device, backend):
     finite = np.ones((2, 3), dtype=bool)
     finite[0, 1] = finite[1, 2] = False
     np.testing.assert_allclose(got[finite], expected[finite], atol=1e-14)
-    assert (_backend.fast_path("norm1", xp) is None) == (backend.kind != "numpy")
+    assert (_backend.fast_path("norm1", xp) is None) == (backend.kind not in ("numpy", "torch"))
 
 
 def test_memoised_lookups_answer_as_before(xp, device, backend):

@@ -191,9 +191,10 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
 
 
 def _signs(d: Array, xp: Any) -> Array:
-    """S = sign(diag R) as ±1 (R's diagonal of an orthonormal Y is ±1 up to rounding, never 0): one
-    operation, where a comparison and a select were four."""
-    return xp.copysign(xp.ones((), dtype=d.dtype, device=_device(d)), d)
+    """S = sign(diag R), entries ±1: R's diagonal for an orthonormal Y is ±1 up to rounding (0 only for
+    a rank-deficient Y, which no section completes). One operation, where a comparison and a select
+    were five."""
+    return xp.sign(d)
 
 
 def _concat_rows(blocks: tuple[Array, Array]) -> Array:
