@@ -28,25 +28,27 @@ the section: the same kernels, the fewest elementwise operations, no checks, no 
 floor's largest distance to geoarray's weight.
 
 Measured 2026-11-27 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``OMP_NUM_THREADS=1
---floor``, default sets and steps, four runs; the kernel sums moved by up to 1.8× between runs, the ratios
-less):
+--floor``, default sets and steps, three runs):
 
 =========  ===================  ================  ====================
 set        geoarray ÷ kernels   floor ÷ kernels   max|floor − geoarray|
 =========  ===================  ================  ====================
-vit        1.73–1.95×           1.53–1.65×        1.2e-6
-1024x64    1.67–1.83×           1.31–1.36×        8.4e-7
-4096x128   1.12–1.31×           1.12–1.19×        9.5e-7
+vit        1.68–1.81×           1.47–1.50×        1.2e-6
+1024x64    1.71–1.81×           1.33–1.39×        1.1e-6
+4096x128   1.14–1.17×           1.12–1.18×        1.0e-6
 =========  ===================  ================  ====================
 
-So on the ViT set no eager step of this update comes within #30's 1.5× of its kernels (each LAPACK call
-loops over 336 small matrices, and a dozen elementwise passes over the batch lie between them), while on
-a single 1024×64 frame a hand-written one does (1.3×). What geoarray adds on top of the floor there
-(1.0–1.5 ms, 21–25% of its step) is spread thin over many pieces: the non-finite policy and the Taylor
-rule's bound (two reductions and two scalar reads), the compact-WY factors and the signs built from the
-QR (about a dozen n×n and n-vector operations), Adam's pure updates (new arrays instead of in-place
-moments) and the separate learning-rate pass, and the layout, tree and shape handling of the optimizer
-around them.
+The kernels' sums move by up to 2× between runs on this shared machine (in a faster phase the same
+day, the previous commit: vit 1.71–2.01× and floor 1.45–1.62×, 1024×64 1.66–1.71× and 1.31–1.38×).
+
+So on the ViT set even a hand-written eager step of this update is at #30's 1.5× of its kernels, not
+within it (each LAPACK call loops over 336 small matrices, and a dozen elementwise passes over the batch
+lie between them), while on a single 1024×64 frame it is well within (1.3–1.4×). What geoarray adds on
+top of the floor there (1.0–1.7 ms, 19–25% of its step) is spread thin over many pieces: the non-finite
+policy and the Taylor rule's bound (two reductions and two scalar reads), the compact-WY factors and the
+signs built from the QR (about a dozen n×n and n-vector operations), Adam's pure updates (new arrays
+instead of in-place moments) and the separate learning-rate pass, and the layout, tree and shape
+handling of the optimizer around them.
 
     python benchmarks/step_kernels.py [--sets vit 1024x64 4096x128] [--steps 30] [--threads 1]
         [--host-reads cpu|never] [--floor] [--json out.json]
