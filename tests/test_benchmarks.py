@@ -224,3 +224,26 @@ def test_soak_json(bench_backend, tmp_path, capsys):
     _positive_finite(out["ms_per_step"], "ms_per_step")
     assert math.isfinite(out["rss_growth_mb"]) and out["rss_growth_from_step"] == 10
     assert f"{bench_backend}: 20 steps of Adam on 4 × Stiefel(6, 2) float32" in capsys.readouterr().out
+
+
+def test_ab_step_against_head(bench_backend, tmp_path, capsys):
+    """ab_step.py imports src/geoarray at a git revision beside this checkout and times both steps
+    interleaved: against HEAD of a clean checkout the two are the same computation (max|ΔW| = 0; a working
+    tree with uncommitted changes may differ by rounding), with positive, finite medians; a revision git
+    does not know is a one-line error with exit code 2."""
+    if bench_backend != "torch":
+        pytest.skip("ab_step.py times torch steps")
+    if not os.path.isdir(os.path.join(os.path.dirname(BENCH_DIR), ".git")):
+        pytest.skip("ab_step.py exports the base revision with git: this is not a git checkout")
+    module = _load("ab_step")
+    path = tmp_path / "ab.json"
+    module.main(["--base", "HEAD", "--sets", "tiny", "--steps", "2", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["rows"]
+    for key in ("new_ms", "base_ms", "ratio_new_over_base"):
+        _positive_finite(row[key], key)
+    assert row["max_abs_difference"] < 1e-5
+    assert "new/base" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--base", "no-such-revision-xyz", "--sets", "tiny"])
+    assert exit_info.value.code == 2
+    assert "cannot export src/geoarray at --base 'no-such-revision-xyz'" in capsys.readouterr().err
