@@ -81,6 +81,22 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], steps: int, *, warmup
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def add_timing_arguments(parser: Any, *, steps: int) -> None:
+    """``--steps`` (timed rounds, default ``steps``), ``--threads`` (torch.set_num_threads, default 1) and
+    ``--json``, as the interleaved step benchmarks take them; :func:`parse_timing_arguments` checks them."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+
+
+def parse_timing_arguments(parser: Any, argv: list[str] | None) -> Any:
+    """``parser.parse_args(argv)``, with a one-line error (exit code 2) for fewer than one timed step."""
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    return args
+
+
 def machine_info(threads: int | None = None) -> dict[str, Any]:
     """CPU model, logical cores, the requested torch threads and library versions (without importing them)."""
     import os

@@ -33,7 +33,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
-from _timing import interleaved_medians, load_namespace, machine_info
+from _timing import add_timing_arguments, interleaved_medians, load_namespace, machine_info, parse_timing_arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETS = ("vit", "1024x64", "4096x128", "tiny")
@@ -94,12 +94,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sets", nargs="+", default=["vit", "1024x64", "4096x128"], choices=SETS)
     parser.add_argument("--optimizer", default="Adam", choices=OPTIMIZERS)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
+    add_timing_arguments(parser, steps=60)
+    args = parse_timing_arguments(parser, argv)
     import torch
 
     torch.set_num_threads(args.threads)

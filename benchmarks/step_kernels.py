@@ -64,7 +64,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
-from _timing import interleaved_medians, load_namespace, machine_info
+from _timing import add_timing_arguments, interleaved_medians, load_namespace, machine_info, parse_timing_arguments
 
 import geoarray
 from geoarray import optim
@@ -244,14 +244,10 @@ def bench(name: str, steps: int, host_reads: str, floor: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=ALL_SETS)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--host-reads", default="cpu", choices=["cpu", "never"])
     parser.add_argument("--floor", action="store_true", help="also time the hand-written floor step")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
+    add_timing_arguments(parser, steps=30)
+    args = parse_timing_arguments(parser, argv)
     import torch
 
     torch.set_num_threads(args.threads)
