@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +51,11 @@ def import_revision(rev: str, folder: str):
     except (OSError, subprocess.CalledProcessError) as e:
         detail = e.stderr.decode().strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
         raise ValueError(f"cannot export src/geoarray at --base {rev!r} with git: {detail}") from e
-    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        try:
+            tar.extractall(folder, filter="data")
+        except TypeError:  # Python < 3.11.4 has no extraction filters; the archive is git's own output
+            tar.extractall(folder)
     os.rename(os.path.join(folder, "src", "geoarray"), os.path.join(folder, "geoarray_base"))
     sys.path.insert(0, folder)
     return importlib.import_module("geoarray_base")

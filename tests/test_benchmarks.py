@@ -14,6 +14,8 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -226,24 +228,35 @@ def test_soak_json(bench_backend, tmp_path, capsys):
     assert f"{bench_backend}: 20 steps of Adam on 4 × Stiefel(6, 2) float32" in capsys.readouterr().out
 
 
-def test_ab_step_against_head(bench_backend, tmp_path, capsys):
+def test_ab_step_against_head(bench_backend, tmp_path):
     """ab_step.py imports src/geoarray at a git revision beside this checkout and times both steps
     interleaved: against HEAD of a clean checkout the two are the same computation (max|ΔW| = 0; a working
     tree with uncommitted changes may differ by rounding), with positive, finite medians; a revision git
-    does not know is a one-line error with exit code 2."""
+    does not know is a one-line error with exit code 2. Run as a subprocess: the script imports a second
+    copy of the library, which must not share this test process."""
     if bench_backend != "torch":
         pytest.skip("ab_step.py times torch steps")
     if not os.path.isdir(os.path.join(os.path.dirname(BENCH_DIR), ".git")):
         pytest.skip("ab_step.py exports the base revision with git: this is not a git checkout")
-    module = _load("ab_step")
+    script = os.path.join(BENCH_DIR, "ab_step.py")
     path = tmp_path / "ab.json"
-    module.main(["--base", "HEAD", "--sets", "tiny", "--steps", "2", "--json", str(path)])
+    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(BENCH_DIR), "src")}
+    run = subprocess.run(
+        [sys.executable, script, "--base", "HEAD", "--sets", "tiny", "--steps", "2", "--json", str(path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "new/base" in run.stdout
     (row,) = json.loads(path.read_text())["rows"]
     for key in ("new_ms", "base_ms", "ratio_new_over_base"):
         _positive_finite(row[key], key)
     assert row["max_abs_difference"] < 1e-5
-    assert "new/base" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_info:
-        module.main(["--base", "no-such-revision-xyz", "--sets", "tiny"])
-    assert exit_info.value.code == 2
-    assert "cannot export src/geoarray at --base 'no-such-revision-xyz'" in capsys.readouterr().err
+    bad = subprocess.run(
+        [sys.executable, script, "--base", "no-such-revision-xyz", "--sets", "tiny"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "ab_step.py: error: cannot export src/geoarray at --base 'no-such-revision-xyz' with git: "
+        "fatal: not a valid object name: no-such-revision-xyz"
+    ]
