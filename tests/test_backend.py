@@ -139,9 +139,9 @@ def test_fast_path_registry(backend):
 
 def test_addmm_and_lerp_equal_their_generic_forms(xp, device, backend):
     """``addmm`` (C + α·A@B, the addition inside torch's GEMM) and ``lerp`` (a + w(b − a), torch.lerp) equal
-    the plain expressions to 1e-14, for 2-D, batched, broadcast and empty operands and for α = 1, −1, 0.3; where the
-    fast path declines (C not of the product's shape) the generic form runs. Backends without a native kernel
-    run the generic form (NumPy has no GEMM with β, XLA fuses the addition itself)."""
+    the plain expressions to 1e-14, for 2-D, batched, broadcast and empty operands and for α = 1, −1, 0.3; where
+    the fast path declines (C not of the product's shape, e.g. larger than it) the generic form runs. Backends
+    without a native kernel run the generic form (NumPy has no GEMM with β, XLA fuses the addition itself)."""
     rng = np.random.default_rng(12)
 
     def arr(*shape):
@@ -149,7 +149,8 @@ def test_addmm_and_lerp_equal_their_generic_forms(xp, device, backend):
 
     cases = [(arr(9, 4), arr(9, 5), arr(5, 4)), (arr(3, 9, 4), arr(3, 9, 5), arr(3, 5, 4)),
              (arr(2, 3, 9, 4), arr(9, 5), arr(2, 3, 5, 4)), (arr(9, 4), arr(3, 9, 5), arr(3, 5, 4)),
-             (arr(0, 9, 4), arr(0, 9, 5), arr(5, 4)), (arr(2, 9, 0), arr(2, 9, 5), arr(2, 5, 0))]  # fmt: skip
+             (arr(0, 9, 4), arr(0, 9, 5), arr(5, 4)), (arr(2, 9, 0), arr(2, 9, 5), arr(2, 5, 0)),
+             (arr(3, 9, 4), arr(3, 1, 5), arr(3, 5, 4))]  # fmt: skip
     for C, A, B in cases:
         for alpha in (1.0, -1.0, 0.3):
             assert_close(_backend.addmm(C, A, B, xp, alpha=alpha), C + alpha * (A @ B), xp=xp, atol=1e-14)

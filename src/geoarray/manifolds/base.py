@@ -195,21 +195,26 @@ class Manifold(abc.ABC):
             if a is None:
                 raise TypeError(f"{name} must be an array for {self!r}, got None")
         xp = array_namespace(**arrays)
-        first_name, first = next(iter(arrays.items()))
-        for name, a in arrays.items():
-            check_real_floating(a, name, xp)
+        # every manifold method checks its inputs (about eight times per optimizer step): the first
+        # array's dtype, device and tracing are looked up once, not once per pair
+        items = iter(arrays.items())
+        first_name, first = next(items)
+        check_real_floating(first, first_name, xp)
+        first_device, first_traced = None, None
+        for name, a in items:
             if a.dtype != first.dtype:
                 raise TypeError(
                     f"{name} has dtype {_backend.dtype_name(a.dtype)} but {first_name} has "
                     f"{_backend.dtype_name(first.dtype)}: {self!r} does not promote "
                     "silently; cast one of them"
                 )
+            if first_traced is None:
+                first_traced = _backend.is_traced(first)
+                first_device = None if first_traced else _backend.device(first)
             # under jax.vmap a batched tracer reports no device: compare concrete arrays only
-            if not (_backend.is_traced(a) or _backend.is_traced(first)) and _backend.device(a) != _backend.device(
-                first
-            ):
+            if not (first_traced or _backend.is_traced(a)) and _backend.device(a) != first_device:
                 raise ValueError(
-                    f"{name} is on device {_backend.device(a)} but {first_name} on {_backend.device(first)}; "
+                    f"{name} is on device {_backend.device(a)} but {first_name} on {first_device}; "
                     "move them to one device"
                 )
         return xp

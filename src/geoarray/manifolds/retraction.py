@@ -64,11 +64,12 @@ _EXP_RULES = {
 _CONTRACT_BELOW = 32
 
 
-def _coefficient_matrix(degree: int, chunk: int, shift: int = 1) -> list:
+@functools.cache
+def _coefficient_matrix(degree: int, chunk: int, shift: int = 1) -> tuple[tuple[float, ...], ...]:
     """The Taylor coefficients 1/(k+shift)! (φ₁: shift 1, exp: 0) in chunks of ``chunk`` (zero-padded)."""
     n_chunks = -(-(degree + 1) // chunk)
     coeffs = [1.0 / math.factorial(k + shift) if k <= degree else 0.0 for k in range(n_chunks * chunk)]
-    return [coeffs[j * chunk : (j + 1) * chunk] for j in range(n_chunks)]
+    return tuple(tuple(coeffs[j * chunk : (j + 1) * chunk]) for j in range(n_chunks))
 
 
 def _norm1(X: Array, xp: Any) -> Array:
