@@ -203,6 +203,7 @@ class Manifold(abc.ABC):
         first_device, first_traced = None, None
         for name, a in items:
             if a.dtype != first.dtype:
+                check_real_floating(a, name, xp)  # an integer array is named as such, not as a mismatch
                 raise TypeError(
                     f"{name} has dtype {_backend.dtype_name(a.dtype)} but {first_name} has "
                     f"{_backend.dtype_name(first.dtype)}: {self!r} does not promote "
