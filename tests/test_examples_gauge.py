@@ -47,6 +47,9 @@ def test_gauge_minilm_example_runs_on_a_tiny_checkpoint(backend, tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
 
     example = _load_example()
+    # two sentences of one token length (12 here): the example embeds sentence by sentence, and eager JAX
+    # compiles every operation once per new length (the four real sentences made this test 60 s on JAX)
+    example.SENTENCES = ["A man is here.", "A dog is near."]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         example.main(["--backend", backend.name, "--model-dir", str(tmp_path)])

@@ -69,6 +69,16 @@ def _transport(
     return Y_new, Qperp_new
 
 
+def _moved_rows(halfA: Array, BW: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
+    """g(W)·[0; B] for the g^hor element W = (½A, B_W): [0; B] + B′ K B″ᵀ[0; B] with B″ᵀ[0; B] =
+    [0; −B_Wᵀ B] (the rows that :meth:`OrthonormalFrames.reframe` carries to the next frame)."""
+    n = halfA.shape[-1]
+    K = retraction_kernel(halfA, xp.matrix_transpose(BW) @ BW, xp, method, max_doublings)
+    zeros = xp.zeros((*B.shape[:-2], n, B.shape[-1]), dtype=B.dtype, device=_device(B))
+    D = K @ xp.concat([zeros, -xp.matrix_transpose(BW) @ B], axis=-2)
+    return xp.concat([halfA @ D[..., :n, :] + D[..., n:, :], B + BW @ D[..., :n, :]], axis=-2)
+
+
 # ---------------------------------------------------------------------------------------------
 # The manifold
 # ---------------------------------------------------------------------------------------------
@@ -230,16 +240,10 @@ class OrthonormalFrames(Manifold):
         """
         xp = self._check_horizontal(W)
         method = self._method(method)
-        n = self.n
-        halfA, BW = self._half_a(W, xp), W.B
-        K = retraction_kernel(halfA, xp.matrix_transpose(BW) @ BW, xp, method, self.max_doublings)
-        # g(W)[0; B] = [0; B] + B′ K B″ᵀ[0; B] with B″ᵀ[0; B] = [0; −B_Wᵀ B]
-        c = xp.concat(
-            [xp.zeros((*B.shape[:-2], n, B.shape[-1]), dtype=B.dtype, device=_device(B)), -xp.matrix_transpose(BW) @ B],
-            axis=-2,
-        )
-        D = K @ c
-        moved = xp.concat([halfA @ D[..., :n, :] + D[..., n:, :], B + BW @ D[..., :n, :]], axis=-2)
+        # one compiled call on JAX: eagerly, the retraction kernel's device-side choice of route
+        # (lax.switch over closures) would be traced and compiled anew at every call
+        kernel = _backend.compiled(_moved_rows, xp, "xp", "method", "max_doublings")
+        moved = kernel(self._half_a(W, xp), W.B, B, xp=xp, method=method, max_doublings=self.max_doublings)
         return lam_new.perp_t(self.apply_section(lam_old, moved))
 
     def _method(self, method: str | None) -> str:
