@@ -63,12 +63,22 @@ GPU_MISSING = _gpu_missing()
 
 
 def _workers(tag: str) -> list[str]:
-    """pytest-xdist's options for the CPU sessions: one worker per core, at most 4 (each JAX worker holds
-    ~2 GB), stealing work from the other's queue; none on a GPU, whose memory JAX preallocates per
-    process. On the 2-core CI machine the numpy suite took 86 s against 131 s in
-    one process, torch 181 s against 280 s (the tests are single-threaded Python and small kernels)."""
-    n = min(4, os.cpu_count() or 1) if tag == "cpu" else 1
+    """pytest-xdist's options: one worker per core, at most 4 (each JAX worker holds ~2 GB of host
+    memory), stealing work from the other's queue. On the 2-core CI machine the numpy suite took 86 s
+    against 131 s in one process, torch 181 s against 280 s (the tests are single-threaded Python and
+    small kernels). The GPU sessions share one card between the workers, which :func:`_gpu_env` makes
+    possible."""
+    n = min(4, os.cpu_count() or 1)
     return ["-n", str(n), "--dist", "worksteal"] if n > 1 else []
+
+
+def _gpu_env(tag: str) -> dict[str, str]:
+    """JAX takes 75% of a GPU's memory when it first touches it, per process: with several pytest
+    workers (and torch beside it in the same process) the second would run out of memory. The GPU
+    sessions let it allocate what it uses instead. A caller's setting wins."""
+    if tag != "cuda" or "XLA_PYTHON_CLIENT_PREALLOCATE" in os.environ:
+        return {}
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 def _compiler_env(backend: str, tag: str) -> dict[str, str]:
@@ -105,7 +115,7 @@ def _make_session(name: str, backend: str, tag: str):
             "--durations=15",  # the slowest tests in CI's log: where the session's time goes
             *_workers(tag),
             *session.posargs,  # after: `-- -n 0` runs in one process
-            env={"GEOARRAY_BACKEND": backend, **_compiler_env(backend, tag)},
+            env={"GEOARRAY_BACKEND": backend, **_compiler_env(backend, tag), **_gpu_env(tag)},
         )
 
     return run
