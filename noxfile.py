@@ -93,6 +93,17 @@ def _compiler_env(backend: str, tag: str) -> dict[str, str]:
     return {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
+def _host_reads_env(backend: str) -> dict[str, str]:
+    """The array-api-strict session runs without host reads (``pytest --host-reads never``): it stands for
+    an array API library on a device, and CuPy on a GPU (like torch and JAX there) reads nothing by default,
+    so an eager step does fixed work masked on the device. NumPy, torch and JAX on the CPU keep the
+    library's default and test the reading route; this session tests the other on the CPU. A caller's
+    GEOARRAY_HOST_READS wins."""
+    if backend != "array-api-strict" or "GEOARRAY_HOST_READS" in os.environ:
+        return {}
+    return {"GEOARRAY_HOST_READS": "never"}
+
+
 def _make_session(name: str, backend: str, tag: str):
     requirements = ROOT / "backends" / f"{name}.txt"
 
@@ -115,7 +126,12 @@ def _make_session(name: str, backend: str, tag: str):
             "--durations=15",  # the slowest tests in CI's log: where the session's time goes
             *_workers(tag),
             *session.posargs,  # after: `-- -n 0` runs in one process
-            env={"GEOARRAY_BACKEND": backend, **_compiler_env(backend, tag), **_gpu_env(tag)},
+            env={
+                "GEOARRAY_BACKEND": backend,
+                **_compiler_env(backend, tag),
+                **_gpu_env(tag),
+                **_host_reads_env(backend),
+            },
         )
 
     return run

@@ -11,7 +11,9 @@ import os
 
 import pytest
 
+import geoarray
 from _helpers import BACKENDS, Backend, load_backend
+from geoarray._backend import HOST_READS
 
 
 def pytest_addoption(parser):
@@ -21,6 +23,13 @@ def pytest_addoption(parser):
         choices=BACKENDS,
         help="array backend the suite runs on (default: $GEOARRAY_BACKEND or numpy)",
     )
+    parser.addoption(
+        "--host-reads",
+        default=os.environ.get("GEOARRAY_HOST_READS", "cpu"),
+        choices=HOST_READS,
+        help="geoarray.set_host_reads policy for the whole run (default: $GEOARRAY_HOST_READS or cpu, the "
+        "library's default); 'never' runs on the CPU what a GPU runs by default",
+    )
 
 
 def pytest_configure(config):
@@ -28,11 +37,18 @@ def pytest_configure(config):
     if name not in BACKENDS:  # argparse checks --backend, not a default read from GEOARRAY_BACKEND
         raise pytest.UsageError(f"GEOARRAY_BACKEND={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
     config._geoarray_backend = load_backend(name)
+    policy = config.getoption("--host-reads")
+    if policy not in HOST_READS:
+        raise pytest.UsageError(
+            f"GEOARRAY_HOST_READS={policy!r} is not a host reads policy; choose one of {', '.join(HOST_READS)}"
+        )
+    geoarray.set_host_reads(policy)
 
 
 def pytest_report_header(config):
     b: Backend = config._geoarray_backend
-    return f"geoarray backend: {b.name} (device {b.device})" + (f" -- {b.skip}" if b.skip else "")
+    reads = f", host reads {geoarray.get_host_reads()!r}"
+    return f"geoarray backend: {b.name} (device {b.device}{reads})" + (f" -- {b.skip}" if b.skip else "")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,6 +73,21 @@ def xp(backend):
 @pytest.fixture(scope="session")
 def device(backend):
     return backend.device
+
+
+@pytest.fixture
+def host_reads_policy():
+    """``geoarray.set_host_reads`` for one test, the previous policy restored afterwards.
+
+    On a GPU the default policy reads nothing to the host, so an eager retraction has a fixed doubling
+    budget (``SYNC_FREE_DOUBLINGS``: ‖X‖₁ ≤ 16θ, larger steps come out NaN) and a skipped optimizer step
+    is counted without a warning. Tests of steps beyond that budget, or of the warning, set ``"always"``:
+    the behaviour they check needs a read, on every device. ``tests/test_host_reads.py`` checks the
+    no-read route itself. ``pytest --host-reads never`` runs the suite on the CPU as a GPU would (the
+    array-api-strict session does, standing in for CuPy, an array API library on a device)."""
+    previous = geoarray.get_host_reads()
+    yield geoarray.set_host_reads
+    geoarray.set_host_reads(previous)
 
 
 # -- geoarray.torch tests --------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_muon_direction_accuracy_is_a_true_suboptimality(backend):
     assert 0.0 <= subopt < 1e-4
 
 
-def test_host_reads_json(bench_backend, tmp_path, capsys):
+def test_host_reads_json(bench_backend, tmp_path, capsys, pytestconfig):
     """host_reads.py: both policies timed, torch counts 3 reads with and none without, the two steps agree
     to float32 rounding, and the policy is restored afterwards."""
     if bench_backend == "jax":
@@ -132,7 +132,7 @@ def test_host_reads_json(bench_backend, tmp_path, capsys):
 
     path = tmp_path / "host_reads.json"
     _load("host_reads").main(["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--json", str(path)])
-    assert geoarray.get_host_reads() == "cpu"
+    assert geoarray.get_host_reads() == pytestconfig.getoption("--host-reads")
     (row,) = json.loads(path.read_text())["rows"]
     for policy in ("cpu", "never"):
         _positive_finite(row["ms"][policy], f"ms[{policy!r}]")

@@ -11,6 +11,9 @@ results of the fixed-work route, which is the one CuPy runs on a GPU.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -26,11 +29,9 @@ READS = {"_local_scalar_dense", "item", "is_nonzero"}
 
 
 @pytest.fixture
-def policy():
-    """Set a host reads policy for one test and restore the previous one afterwards."""
-    previous = geoarray.get_host_reads()
-    yield geoarray.set_host_reads
-    geoarray.set_host_reads(previous)
+def policy(host_reads_policy):
+    """Set a host reads policy for one test and restore the previous one afterwards (conftest.py)."""
+    return host_reads_policy
 
 
 def count_host_reads(fn):
@@ -131,12 +132,20 @@ def _steps(opt, params, mans, grads, n):
     return params, state
 
 
-def test_the_policy_is_validated_and_restored(policy):
-    assert geoarray.get_host_reads() == "cpu"  # the default: reads only where they are free
+def test_the_policy_is_validated_and_restored(pytestconfig, policy):
+    """The library's default is "cpu" (reads only where they are free; checked in a fresh interpreter,
+    since this run may have chosen another with ``--host-reads``); a bad policy changes nothing."""
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import geoarray; print(geoarray.get_host_reads())"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert fresh.stdout.strip() == "cpu", fresh.stderr
+    assert geoarray.get_host_reads() == pytestconfig.getoption("--host-reads")
+    before = geoarray.get_host_reads()
     with pytest.raises(ValueError, match=r"'never', 'cpu', 'always'.*got 'sometimes'"):
         geoarray.set_host_reads("sometimes")
-    assert geoarray.get_host_reads() == "cpu"  # nothing changed by the refused call
-    assert policy("never") == "cpu"
+    assert geoarray.get_host_reads() == before  # nothing changed by the refused call
+    assert policy("never") == before
     assert geoarray.get_host_reads() == "never"
     assert policy("always") == "never"
 

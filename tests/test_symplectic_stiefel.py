@@ -307,7 +307,9 @@ def test_retracted_point_does_not_depend_on_the_section(xp, device):
 
 @pytest.mark.parametrize("method", ["cayley", "geodesic"])
 @pytest.mark.parametrize("t", [1e-3, 1.0, 10.0, 100.0])
-def test_retracted_points_stay_on_the_manifold(xp, device, method, t):
+def test_retracted_points_stay_on_the_manifold(xp, device, host_reads_policy, method, t):
+    if t > 10:  # beyond the doubling budget of a retraction that reads nothing (a GPU's default)
+        host_reads_policy("always")
     M = SymplecticStiefel(12, 4)
     Y, _, D = _setup(M, xp, device, batch=(2,))
     lam = M.global_section(Y)
