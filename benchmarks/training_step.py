@@ -318,10 +318,17 @@ def bench_numpy(config: dict, batches_np, args) -> dict[str, Any]:
 
 
 def bench_jax(config: dict, batches_np, args) -> dict[str, Any]:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.device == "cpu":  # keep JAX off any accelerator plugin; with --device cuda it must find the GPU
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.numpy as jnp
     import optax
+
+    if args.device != "cpu" and jax.default_backend() != "gpu":
+        raise SystemExit(
+            f"training_step.py: --device {args.device}, but JAX runs on {jax.default_backend()} "
+            f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}); install JAX's CUDA plugin or unset JAX_PLATFORMS"
+        )
 
     import geoarray.jax as gj
 
@@ -382,6 +389,7 @@ def bench_jax(config: dict, batches_np, args) -> dict[str, Any]:
         "nonfinite_gradient_batches": bad,
         "compile_s": compile_s,
         "stiefel_max_YtY_minus_I": _orthonormality(model_s, boxes["stiefel"][0]),
+        "device": str(jax.devices()[0]),
     }
 
 
@@ -406,7 +414,8 @@ def ratios(medians: dict[str, float]) -> dict[str, float]:
 
 def print_table(backend: str, row: dict[str, Any], steps: int) -> None:
     med, rat = row["medians"], row["ratios"]
-    print(f"\n{backend}: full ViT training step, median of {steps} interleaved steps")
+    where = f" on {row['device']}" if "device" in row else ""
+    print(f"\n{backend}: full ViT training step{where}, median of {steps} interleaved steps")
     keys = [k for k in COLUMNS if k in med]
     print("  ".join(f"{COLUMNS[k]:>12}" for k in keys) + f"  {'Stiefel/Euclid':>14}")
     print("  ".join(f"{med[k] * 1e3:>9.2f} ms" for k in keys) + f"  {rat['stiefel_over_euclidean']:>13.2f}×")
@@ -449,7 +458,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda); JAX uses its default device")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda: torch's device; JAX runs on the CPU for cpu, on its GPU otherwise"
+    )
     parser.add_argument(
         "--torch-grad",
         default="autograd",
