@@ -17,6 +17,11 @@ Properties and tolerances:
 * Ctrl-C: a KeyboardInterrupt raised by a callback or by the loss, and a real SIGINT, stop the loop
   cleanly, return the last completed step's parameters with ``interrupted=True`` and keep the last
   checkpoint intact;
+* host reads: without a progress bar or callback, ``fit`` reads the steps' losses once per epoch (one
+  ``to_host`` call, and on torch no scalar read at all in the loop, with the optimizer's host reads
+  policy ``"never"``); a callback reads each step, the bar at most every ``_BAR_LOSS_SECONDS``, and
+  ``_PENDING`` bounds the losses held; the history is bit-identical however the reads fall (the host
+  adds the same floats in the same order);
 * bad arguments raise ValueError/TypeError naming the argument.
 """
 
@@ -116,6 +121,88 @@ def test_jit_matches_eager(xp, device):
     assert abs(a.history[0]["train_loss"] - b.history[0]["train_loss"]) <= 1e-12
     for u, v in zip(_leaves_np(a.params), _leaves_np(b.params), strict=True):
         np.testing.assert_allclose(u, v, rtol=0, atol=1e-12)
+
+
+def _count_loss_reads(monkeypatch, backend):
+    """A list that ``fit``'s host reads append to: every ``_backend.to_host`` call, and on torch every
+    scalar read (``aten._local_scalar_dense``, ``item``, ``is_nonzero``) as ``"scalar"``; and a context
+    manager to run ``fit`` in."""
+    import contextlib
+
+    from geoarray import _backend
+
+    reads: list[str] = []
+    real = _backend.to_host
+    monkeypatch.setattr(_backend, "to_host", lambda x: (reads.append("to_host"), real(x))[1])
+    if backend.kind != "torch":
+        return reads, contextlib.nullcontext()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("_local_scalar_dense", "item", "is_nonzero"):
+                reads.append("scalar")
+            return func(*args, **(kwargs or {}))
+
+    return reads, Count()
+
+
+def test_fit_reads_the_losses_once_per_epoch(xp, device, backend, monkeypatch, host_reads_policy):
+    """No read to the host per step (#30: on a GPU each would stall the queue): with the optimizer's
+    policy "never" (a GPU's default) and neither bar nor callback, 2 more epochs of 3 steps add 2 reads,
+    one ``to_host`` each (``init``'s check that the weights lie on their manifolds reads once per call,
+    before the loop, the same in both runs)."""
+    host_reads_policy("never")
+    counts = []
+    for epochs in (2, 4):
+        reads, mode = _count_loss_reads(monkeypatch, backend)
+        with mode:
+            _, r = _fit(xp, device, epochs=epochs)
+        assert r.steps == 3 * epochs
+        counts.append((reads.count("to_host"), reads.count("scalar")))
+    (host2, scalar2), (host4, scalar4) = counts
+    assert (host4 - host2, scalar4 - scalar2) == (2, 0), counts
+
+
+@pytest.mark.parametrize("reading", ["callback", "bar every step", "pending 2"])
+def test_the_history_does_not_depend_on_when_the_losses_are_read(xp, device, backend, monkeypatch, reading):
+    """Reading each step (a callback, a bar refreshed every step) or every 2 steps gives bit-identical
+    histories to reading once per epoch: the same floats added in the same order (the same computation)."""
+    from geoarray import train
+
+    _, once = _fit(xp, device, epochs=2)
+    seen: list[float] = []
+    kw: dict = {}
+    if reading == "callback":
+        kw["callback"] = lambda info: seen.append(info["loss"])
+    elif reading == "bar every step":
+        pytest.importorskip("tqdm")
+        monkeypatch.setattr(train, "_BAR_LOSS_SECONDS", 0.0)
+        kw["progress"] = True
+    else:
+        monkeypatch.setattr(train, "_PENDING", 2)
+    reads, mode = _count_loss_reads(monkeypatch, backend)
+    with mode:
+        _, r = _fit(xp, device, epochs=2, **kw)
+    assert [h["train_loss"] for h in r.history] == [h["train_loss"] for h in once.history]
+    expected = {"callback": 6, "bar every step": 6, "pending 2": 4}[reading]  # pending 2: steps 2, 3 | 5, 6
+    assert reads.count("to_host") == expected, reads
+    if reading == "callback":  # the epoch's mean of the losses the callback saw (batches of 8)
+        assert all(isinstance(v, float) for v in seen) and len(seen) == 6
+        assert abs(sum(seen[:3]) / 3 - r.history[0]["train_loss"]) <= 1e-12
+
+
+def test_the_bar_reads_the_loss_at_most_once_a_second(xp, device, backend, monkeypatch):
+    """With a bar the first step's loss is shown, then one at most every _BAR_LOSS_SECONDS (here never
+    again): 1 + one read per epoch."""
+    pytest.importorskip("tqdm")
+    from geoarray import train
+
+    monkeypatch.setattr(train, "_BAR_LOSS_SECONDS", float("inf"))
+    reads, mode = _count_loss_reads(monkeypatch, backend)
+    with mode:
+        _fit(xp, device, epochs=2, progress=True)
+    assert reads.count("to_host") == 3, reads
 
 
 def test_json_and_checkpoint_round_trip_and_resume(xp, device, tmp_path):

@@ -93,6 +93,12 @@ class FitResult:
 # ---------------------------------------------------------------------------------------------
 
 
+# fit reads the steps' losses to the host at most every _PENDING steps, and for the progress bar at most
+# every _BAR_LOSS_SECONDS
+_PENDING = 256
+_BAR_LOSS_SECONDS = 1.0
+
+
 def _monotonic() -> float:
     """The clock of ``checkpoint_every_seconds`` (a module function so that tests can replace it)."""
     return time.monotonic()
@@ -145,6 +151,15 @@ def _maybe_jit(fn: Callable[..., Any], xp: Any, enabled: bool) -> Callable[..., 
 
 def _to_float(value: Any) -> float:
     return float(_backend.to_host(value))
+
+
+def _losses_to_host(values: list[Any], xp: Any) -> list[float]:
+    """The host values of several 0-d loss arrays in one transfer (on a device, one synchronisation
+    instead of one per value); each equals ``_to_float`` of its array exactly."""
+    if len(values) == 1:
+        return [_to_float(values[0])]
+    host = _backend.to_host(xp.stack([xp.reshape(_backend.as_array(v), ()) for v in values]))
+    return [float(v) for v in host]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +246,12 @@ def fit(
     instead of ``optimizer.init``. ``callback(info)`` is called after every step with
     ``{"epoch", "step", "loss"}``. On JAX, ``jit=True`` compiles the gradient and the optimizer
     update with ``jax.jit`` (falling back to eager where tracing fails); other backends run eagerly.
+
+    Host reads: the steps' losses stay on the device and are read in one transfer at the end of each
+    epoch (and before a checkpoint, every 256 steps, and for the progress bar at most once a second),
+    so on a GPU the loop does not wait for each step before queueing the next; a ``callback`` gets
+    each step's loss as a float, which reads it (one synchronisation per step). The optimizer's own
+    reads follow :func:`geoarray.set_host_reads`. The history is the same whenever the reads fall.
 
     Checkpoints: with ``checkpoint_path=DIR`` a checkpoint is committed every ``checkpoint_every``
     optimizer steps, after the first step that ends ``checkpoint_every_seconds`` (seconds or a
@@ -352,11 +373,27 @@ def fit(
             raise
 
     last_saved = [_monotonic()]  # when the last checkpoint was committed (or this call started)
+    shown = [-math.inf]  # when the progress bar last showed a loss
 
     def due() -> bool:
         if checkpoint_every is not None and result.steps % checkpoint_every == 0:
             return True
         return checkpoint_every_seconds is not None and _monotonic() - last_saved[0] >= checkpoint_every_seconds
+
+    # A step's loss stays on the device until it is needed (the epoch's mean, a checkpoint, the
+    # callback, the bar's display at most once a second, or _PENDING steps): a read after every step
+    # would stall a GPU's queue once per step. The host adds the same floats in the same order
+    # whenever they are read, so the history does not depend on when.
+    pending: list[tuple[Any, int]] = []  # (loss, batch size) of the steps not read yet
+    total = 0.0  # the epoch's loss sum over the steps read so far
+
+    def read_pending() -> float:
+        nonlocal total
+        values = _losses_to_host([v for v, _ in pending], xp)
+        for value, (_, m) in zip(values, pending, strict=True):
+            total += value * m
+        pending.clear()
+        return values[-1]
 
     try:
         with _StopFlag() as stop:
@@ -373,22 +410,28 @@ def fit(
                     xb = xp.take(inputs, idx, axis=0)
                     yb = xp.take(targets, idx, axis=0)
                     value, grads = grad_fn(result.params, xb, yb)
-                    new_params, new_state = update_fn(result.params, grads, result.opt_state)
-                    value = _to_float(value)
-                    result.params, result.opt_state = new_params, new_state
+                    result.params, result.opt_state = update_fn(result.params, grads, result.opt_state)
                     result.steps += 1
                     m = int(idx.shape[0])
-                    total += value * m
+                    pending.append((value, m))
                     seen += m
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(epoch=epoch, loss=f"{value:.4f}", refresh=False)
+                        if time.perf_counter() - shown[0] >= _BAR_LOSS_SECONDS:
+                            bar.set_postfix(epoch=epoch, loss=f"{read_pending():.4f}", refresh=False)
+                            shown[0] = time.perf_counter()
                     if callback is not None:
-                        callback({"epoch": epoch, "step": result.steps, "loss": value})
+                        callback({"epoch": epoch, "step": result.steps, "loss": read_pending()})
+                    if len(pending) >= _PENDING:
+                        read_pending()
                     if b < n_batches - 1 and due():
+                        if pending:
+                            read_pending()
                         checkpoint(epoch - 1, b + 1, total, seen, time.perf_counter() - t0)
                     if stop.requested:
                         raise KeyboardInterrupt
+                if pending:
+                    read_pending()
                 record: dict[str, Any] = {"epoch": epoch, "train_loss": total / seen}
                 if val_data is not None:
                     record["val_loss"] = _to_float(loss.value(model.apply(result.params, val_inputs), val_targets))
