@@ -9,7 +9,7 @@ code paths), for every geoarray.torch optimizer (torch's Adam, AdamW and SGD con
 Adam, Gradient, Momentum, AdamWithDecay, and ManifoldMuon on the manifold weight alone: it refuses
 vectors); the weight stays on its manifold. A compiled step that would have to build state raises
 ``RuntimeError`` saying to run it eagerly, and ``validate()`` checks the values on request, naming the
-parameter; ``capturable=True`` set after construction is still refused by the eager step.
+parameter. (``capturable=True``: ``tests/test_torch_capturable.py``.)
 """
 
 from __future__ import annotations
@@ -97,17 +97,3 @@ def test_validate_checks_the_values_on_request(torch, gt, device):
         W.mul_(1.01)
     with pytest.raises(ValueError, match=r"'layer.W' is not a point of Stiefel\(6, 3\).*max\|YᵀY − I\|"):
         opt.validate()
-
-
-def test_capturable_set_later_is_still_refused_eagerly(torch, gt, device):
-    # capturable is left out of the core's key (torch.compile shows it True while tracing), so the
-    # eager step checks it itself
-    W, b = _model(torch, gt, device)
-    opt = gt.Adam([W, b], lr=1e-2)
-    _loss(torch, W, b, 0, device).backward()
-    opt.step()
-    before = W.detach().clone()
-    opt.param_groups[0]["capturable"] = True
-    with pytest.raises(ValueError, match=r"Adam\(capturable=True\) is not supported"):
-        opt.step()
-    assert torch.equal(W.detach(), before)

@@ -24,7 +24,16 @@ if TYPE_CHECKING:
     from ..optim.manifold_muon import ManifoldMuon
     from ..optim.partition import PartitionedOptimizer
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Cohort", "eager_first_message", "probe_point", "restore_state", "saved_groups"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Cohort",
+    "eager_first_message",
+    "probe_point",
+    "restore_state",
+    "saved_groups",
+    "write_state",
+]
 
 #: the ``format`` and ``version`` of the ``"geoarray"`` entry of a state_dict
 FORMAT = "geoarray.torch.Optimizer"
@@ -45,6 +54,9 @@ class Cohort:
     key: Any  # the hyperparameters the core was built from
     # (dtype, device) of each parameter when the state was built: the state lives there
     where: tuple[tuple[torch.dtype, torch.device], ...] = ()
+    # True once the state's tensors are fixed buffers, written in place by every step (capturable=True):
+    # a CUDA graph replays reads and writes of fixed addresses
+    buffers: bool = False
 
     def entry(self) -> dict:
         """This cohort's entry in a state_dict (module docstring)."""
@@ -112,10 +124,28 @@ def eager_first_message(group: dict, gi: int, item: Any, name: Callable) -> str:
     else:
         what = f"the hyperparameters of param group {gi} changed (its core is rebuilt)"
     return (
-        f"a compiled optimizer step cannot build optimizer state: {what}. Run that step eagerly "
-        "(call opt.step() once, uncompiled, before the compiled steps, and again after changing "
-        "hyperparameters other than those read at every step such as lr)"
+        f"a compiled or graph-captured optimizer step cannot build optimizer state: {what}. Run that step "
+        "eagerly (call opt.step() once, uncompiled and outside the capture, before the compiled or captured "
+        "steps, and again after changing hyperparameters other than those read at every step such as lr)"
     )
+
+
+def write_state(cohort: Cohort, state: Any, capturable: bool, capturing: bool) -> None:
+    """Make ``state`` the cohort's: by reference, or with ``capturable`` by copying it into the
+    cohort's fixed state buffers (made at the first such write, by an eager step: cloned, so that no two
+    leaves share memory)."""
+    if not capturable:
+        cohort.state, cohort.buffers = state, False
+    elif cohort.buffers:
+        torch._foreach_copy_(optree.tree_leaves(cohort.state), optree.tree_leaves(state))
+    elif capturing:
+        raise RuntimeError(
+            "a graph-captured optimizer step cannot allocate the state buffers of capturable=True: run one "
+            "step with capturable=True eagerly (outside the capture) first"
+        )
+    else:
+        cohort.state = optree.tree_map(lambda t: t.clone(memory_format=torch.preserve_format), state)
+        cohort.buffers = True
 
 
 def probe_point(manifold: Any, p: torch.Tensor) -> torch.Tensor:

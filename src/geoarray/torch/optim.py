@@ -69,7 +69,17 @@ from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
 from ._agreement import agree_on_step, check_skip_together
-from .cohorts import FORMAT, FORMAT_VERSION, Cohort, Core, eager_first_message, probe_point, restore_state, saved_groups
+from .cohorts import (
+    FORMAT,
+    FORMAT_VERSION,
+    Cohort,
+    Core,
+    eager_first_message,
+    probe_point,
+    restore_state,
+    saved_groups,
+    write_state,
+)
 from .param_groups import (
     BOOKKEEPING,
     CORE_OPTIONS,
@@ -416,7 +426,11 @@ class Optimizer(torch.optim.Optimizer):
                 check_skip_together(group, gi)
                 together = True
         plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
-        compiling = torch.compiler.is_compiling()
+        # a CUDA graph records this step once and replays its kernels: like a compiled step, it cannot
+        # build state (the host work of a first step would not be replayed)
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        tracing = torch.compiler.is_compiling()
+        compiling = tracing or capturing
         # all checks passed: build new cohorts, then compute every update, then write them all
         work = []
         for gi, group, plan in plans:
@@ -424,6 +438,11 @@ class Optimizer(torch.optim.Optimizer):
             for item in plan:
                 if compiling and (isinstance(item, tuple) or item.key != key):
                     raise RuntimeError(eager_first_message(group, gi, item, self._name))
+                if capturing and group.get("capturable") and isinstance(item, Cohort) and not item.buffers:
+                    raise RuntimeError(
+                        f"param group {gi}: a graph-captured step cannot make the state buffers of "
+                        "capturable=True; run one step with capturable=True eagerly, outside the capture, first"
+                    )
                 if isinstance(item, tuple):
                     cohort = self._new_cohort(group, gi, item)
                     cohort.key = key
@@ -448,21 +467,23 @@ class Optimizer(torch.optim.Optimizer):
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
             if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
                 new, state = sharded.agree(cohort.state, new, state)
-            results.append((params, leaves, new, cohort, state, sharded, bool(group.get("skip_together"))))
+            # torch.compile shows every group with capturable=True while it traces (param_groups.NOT_IN_KEY):
+            # a compiled step keeps the form the eager steps gave the state
+            capturable = cohort.buffers if tracing else bool(group.get("capturable"))
+            results.append((params, leaves, new, cohort, state, sharded, bool(group.get("skip_together")), capturable))
         if together:
             agreed = agree_on_step(
                 [(r[1], r[2], r[3].state, r[4]) if r[6] else None for r in results], self._agreement_device()
             )
             results = [
-                r if a is None else (r[0], r[1], a[0], r[3], a[1], r[5], r[6])
-                for r, a in zip(results, agreed, strict=True)
+                r if a is None else (r[0], r[1], a[0], r[3], a[1], *r[5:]) for r, a in zip(results, agreed, strict=True)
             ]
-        for params, _, new, cohort, state, sharded, _ in results:
+        for params, _, new, cohort, state, sharded, _, capturable in results:
             if sharded is None:
                 torch._foreach_copy_(params, new)
             else:
                 sharded.write(new)
-            cohort.state = state
+            write_state(cohort, state, capturable, capturing)
         return loss
 
     def _agreement_device(self) -> torch.device:

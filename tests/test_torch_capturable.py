@@ -1,0 +1,209 @@
+"""``capturable=True`` for geoarray.torch's Adam and AdamW (#30, item 2): a step that a CUDA graph can
+capture together with the forward and backward, as ``torch.optim.Adam(capturable=True)`` is.
+
+A captured graph replays the kernels of the step it recorded on the same memory, and none of the
+step's Python runs again. So the step must keep its state in fixed buffers, written in place (the
+parameters already are), change nothing on the Python side after the step that made them, and read
+nothing to the host (the device's default policy, :func:`geoarray.set_host_reads`). Properties:
+
+* on the CPU, over 4 steps of a model with a ManifoldParameter and a plain tensor (float64): from the
+  second step on, every state tensor of every cohort is the same tensor object at the same address, the
+  optimizer's Python-side state (cohorts, their keys, ``param_groups``) is unchanged by a step, and the
+  parameters and state agree with ``capturable=False`` to ``AGREE_RTOL`` (Adam with weight decay, AdamW,
+  amsgrad, maximize);
+* refusals, each naming the fix, nothing changed: a tensor lr (read with ``.item()``), ``stabilize`` (a
+  Python count), and a captured step that would build state or make the buffers (the capture is
+  simulated on the CPU by making ``torch.cuda.is_current_stream_capturing`` answer True);
+* on a CUDA device (``torch-cuda`` session): forward, backward and step captured in one
+  ``torch.cuda.CUDAGraph`` and replayed on new batches agree with eager ``capturable=False`` steps to
+  ``AGREE_RTOL`` (float64) and keep the weight on its manifold to 1e-12. Skipped on the CPU: CUDA graphs
+  exist only on CUDA devices.
+"""
+
+from __future__ import annotations
+
+import optree
+import pytest
+
+import geoarray
+from _helpers import assert_agree
+
+pytestmark = [
+    pytest.mark.usefixtures("torch_only"),
+    pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning"),
+]
+
+M = geoarray.Stiefel(6, 3)
+
+OPTIONS = {
+    "Adam": ("Adam", {"weight_decay": 1e-3}),
+    "AdamW": ("AdamW", {"weight_decay": 1e-2}),
+    "Adam-amsgrad": ("Adam", {"amsgrad": True}),
+    "Adam-maximize": ("Adam", {"maximize": True}),
+}
+
+
+def _model(torch, gt, device):
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    g = torch.Generator().manual_seed(1)
+    b = torch.nn.Parameter(torch.randn(3, generator=g, dtype=torch.float64).to(device))
+    return W, b
+
+
+def _batch(torch, step, device):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(8, 6, generator=g, dtype=torch.float64).to(device)
+
+
+def _loss(torch, W, b, x):
+    return (torch.tanh(x @ W + b) - 0.5).square().sum()
+
+
+def _state_tensors(opt):
+    return [leaf for cohorts in opt._cohorts for c in cohorts for leaf in optree.tree_leaves(c.state)]
+
+
+def _python_side(opt):
+    """What a replayed graph cannot change: the cohorts (their parameters, keys, core objects and
+    the identity of every state tensor) and the param groups' values."""
+    cohorts = [
+        (c.indices, c.key, id(c.core), c.buffers, [id(t) for t in optree.tree_leaves(c.state)])
+        for cohorts in opt._cohorts
+        for c in cohorts
+    ]
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return cohorts, groups
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_capturable_keeps_its_state_in_fixed_buffers_and_equals_the_default(torch, gt, device, name):
+    cls, kw = OPTIONS[name]
+    fixed, free = _model(torch, gt, device), _model(torch, gt, device)
+    opt_fixed = getattr(gt, cls)(list(fixed), lr=1e-2, capturable=True, **kw)
+    opt_free = getattr(gt, cls)(list(free), lr=1e-2, **kw)
+    addresses = [p.data_ptr() for p in fixed]
+    before = buffers = None  # the Python side and the state tensors after the previous step
+    for t in range(4):
+        x = _batch(torch, t, device)
+        for params, opt in ((fixed, opt_fixed), (free, opt_free)):
+            opt.zero_grad()
+            _loss(torch, *params, x).backward()
+            opt.step()
+        if t:
+            assert _python_side(opt_fixed) == before, f"{name}: step {t} changed the optimizer's Python side"
+            tensors = _state_tensors(opt_fixed)
+            assert [(id(s), s.data_ptr()) for s in tensors] == buffers, f"{name}: step {t} moved a state tensor"
+        before = _python_side(opt_fixed)
+        buffers = [(id(s), s.data_ptr()) for s in _state_tensors(opt_fixed)]
+        assert [p.data_ptr() for p in fixed] == addresses
+        for p, q in zip(fixed, free, strict=True):
+            assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+        for s, r in zip(_state_tensors(opt_fixed), _state_tensors(opt_free), strict=True):
+            if s.is_floating_point():
+                assert_agree(s, r, what=f"{name} state, step {t}")
+            else:  # step and skip counters
+                assert torch.equal(s, r), f"{name} state, step {t}: {s} != {r}"
+    assert len({s.data_ptr() for s in _state_tensors(opt_fixed)}) == len(_state_tensors(opt_fixed))
+    assert M.is_point(fixed[0].detach(), atol=1e-12)
+
+
+def test_capturable_refusals_name_the_fix(torch, gt, device):
+    W, b = _model(torch, gt, device)
+    with pytest.raises(ValueError, match=r"Adam\(capturable=True\) takes a float lr, got a tensor"):
+        gt.Adam([W, b], lr=torch.tensor(1e-2), capturable=True)
+    with pytest.raises(ValueError, match=r"AdamW\(capturable=True\) cannot take stabilize=5"):
+        gt.AdamW([W, b], capturable=True, stabilize=5)
+    opt = gt.Adam([W, b], lr=1e-2)
+    _loss(torch, W, b, _batch(torch, 0, device)).backward()
+    opt.step()
+    opt.param_groups[0]["lr"] = torch.tensor(1e-3)  # set later: refused by the step, nothing changed
+    opt.param_groups[0]["capturable"] = True
+    before = W.detach().clone()
+    with pytest.raises(ValueError, match=r"takes a float lr"):
+        opt.step()
+    assert torch.equal(W.detach(), before)
+
+
+@pytest.mark.parametrize("case", ["first step", "buffers not made"])
+def test_a_captured_step_cannot_build_state(torch, gt, device, monkeypatch, case):
+    """Inside a capture (simulated: the CPU has no CUDA graphs) a step that would build the state, or
+    make the fixed buffers, raises and changes nothing; run eagerly first, it then captures."""
+    W, b = _model(torch, gt, device)
+    opt = gt.Adam([W, b], lr=1e-2, capturable=case == "first step")
+    _loss(torch, W, b, _batch(torch, 0, device)).backward()
+    if case == "buffers not made":
+        opt.step()  # built with capturable=False: the state is not in fixed buffers
+        opt.param_groups[0]["capturable"] = True
+    before = W.detach().clone()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    message = r"cannot build optimizer state" if case == "first step" else r"cannot make the state buffers"
+    with pytest.raises(RuntimeError, match=message):
+        opt.step()
+    assert torch.equal(W.detach(), before)
+    monkeypatch.undo()
+    opt.step()  # eagerly: builds the state (or the buffers)
+    assert all(c.buffers for cohorts in opt._cohorts for c in cohorts)
+
+
+def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device):
+    if not str(device).startswith("cuda"):
+        pytest.skip("CUDA graphs exist only on CUDA devices; the CPU tests above check the fixed buffers")
+    captured, eager = _model(torch, gt, device), _model(torch, gt, device)
+    opt = gt.Adam(list(captured), lr=1e-2, weight_decay=1e-3, capturable=True)
+    opt_eager = gt.Adam(list(eager), lr=1e-2, weight_decay=1e-3)
+    static_x = _batch(torch, 0, device).clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as torch's recipe: the first step builds the state
+        for t in range(3):
+            static_x.copy_(_batch(torch, t, device))
+            opt.zero_grad(set_to_none=True)
+            _loss(torch, *captured, static_x).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = _loss(torch, *captured, static_x)
+        static_loss.backward()
+        opt.step()
+    for t in range(3):  # the reference takes the warm-up's steps eagerly
+        opt_eager.zero_grad()
+        _loss(torch, *eager, _batch(torch, t, device)).backward()
+        opt_eager.step()
+    for t in range(3, 8):
+        static_x.copy_(_batch(torch, t, device))
+        graph.replay()
+        opt_eager.zero_grad()
+        _loss(torch, *eager, _batch(torch, t, device)).backward()
+        opt_eager.step()
+        for p, q in zip(captured, eager, strict=True):
+            assert_agree(p.detach(), q.detach(), what=f"replay {t}")
+    torch.cuda.synchronize()
+    assert M.is_point(captured[0].detach(), atol=1e-12)
+
+
+def test_a_compiled_capturable_step_writes_the_same_buffers(torch, gt, device):
+    """torch.compile(opt.step, fullgraph=True) after the eager first step keeps writing the state
+    buffers in place (what a CUDA-graph mode such as ``mode="reduce-overhead"`` replays), one graph for
+    every later step, equal to eager ``capturable=False`` steps to AGREE_RTOL."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fixed, free = _model(torch, gt, device), _model(torch, gt, device)
+    opt = gt.Adam(list(fixed), lr=1e-2, capturable=True)
+    opt_free = gt.Adam(list(free), lr=1e-2)
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for t in range(4):
+            x = _batch(torch, t, device)
+            for params, o, run in ((fixed, opt, step), (free, opt_free, opt_free.step)):
+                o.zero_grad()
+                _loss(torch, *params, x).backward()
+                (o.step if t == 0 else run)()
+            if t == 0:  # the eager first step made the buffers
+                buffers = [(id(s), s.data_ptr()) for s in _state_tensors(opt)]
+            assert [(id(s), s.data_ptr()) for s in _state_tensors(opt)] == buffers, f"step {t} moved a state tensor"
+            for p, q in zip(fixed, free, strict=True):
+                assert_agree(p.detach(), q.detach(), what=f"compiled capturable, step {t}")
