@@ -1,4 +1,4 @@
-"""``capturable=True`` for geoarray.torch's Adam and AdamW (#30, item 2): a step that a CUDA graph can
+"""``capturable=True`` for geoarray.torch's optimizers (#30, item 2): a step that a CUDA graph can
 capture together with the forward and backward, as ``torch.optim.Adam(capturable=True)`` is.
 
 A captured graph replays the kernels of the step it recorded on the same memory, and none of the
@@ -6,11 +6,12 @@ step's Python runs again. So the step must keep its state in fixed buffers, writ
 parameters already are), change nothing on the Python side after the step that made them, and read
 nothing to the host (the device's default policy, :func:`geoarray.set_host_reads`). Properties:
 
-* on the CPU, over 4 steps of a model with a ManifoldParameter and a plain tensor (float64): from the
+* on the CPU, over 4 steps of a model with a ManifoldParameter and a plain tensor (float64), for every
+  geoarray.torch optimizer (torch's Adam, AdamW — also amsgrad, maximize — and SGD conventions, the
+  paper's Adam, Gradient, Momentum, AdamWithDecay, ManifoldMuon, ``Optimizer(params, core)``): from the
   second step on, every state tensor of every cohort is the same tensor object at the same address, the
   optimizer's Python-side state (cohorts, their keys, ``param_groups``) is unchanged by a step, and the
-  parameters and state agree with ``capturable=False`` to ``AGREE_RTOL`` (Adam with weight decay, AdamW,
-  amsgrad, maximize);
+  parameters and state agree with ``capturable=False`` to ``AGREE_RTOL``;
 * refusals, each naming the fix, nothing changed: a tensor lr (read with ``.item()``), ``stabilize`` (a
   Python count), and a captured step that would build state or make the buffers (the capture is
   simulated on the CPU by making ``torch.cuda.is_current_stream_capturing`` answer True);
@@ -35,11 +36,20 @@ pytestmark = [
 
 M = geoarray.Stiefel(6, 3)
 
+# factory(gt, params, capturable): every geoarray.torch optimizer (SGD through its param group, since
+# torch.optim.SGD's signature has no capturable; ManifoldMuon on the manifold weight alone)
 OPTIONS = {
-    "Adam": ("Adam", {"weight_decay": 1e-3}),
-    "AdamW": ("AdamW", {"weight_decay": 1e-2}),
-    "Adam-amsgrad": ("Adam", {"amsgrad": True}),
-    "Adam-maximize": ("Adam", {"maximize": True}),
+    "Adam": lambda gt, ps, c: gt.Adam(ps, lr=1e-2, weight_decay=1e-3, capturable=c),
+    "AdamW": lambda gt, ps, c: gt.AdamW(ps, lr=1e-2, weight_decay=1e-2, capturable=c),
+    "Adam-amsgrad": lambda gt, ps, c: gt.Adam(ps, lr=1e-2, amsgrad=True, capturable=c),
+    "Adam-maximize": lambda gt, ps, c: gt.Adam(ps, lr=1e-2, maximize=True, capturable=c),
+    "SGD": lambda gt, ps, c: gt.SGD([{"params": ps, "capturable": c}], lr=1e-2, momentum=0.9, nesterov=True),
+    "PaperAdam": lambda gt, ps, c: gt.PaperAdam(ps, lr=1e-2, capturable=c),
+    "Gradient": lambda gt, ps, c: gt.Gradient(ps, lr=1e-2, capturable=c),
+    "Momentum": lambda gt, ps, c: gt.Momentum(ps, lr=1e-2, capturable=c),
+    "AdamWithDecay": lambda gt, ps, c: gt.AdamWithDecay(ps, n_steps=10, capturable=c),
+    "ManifoldMuon": lambda gt, ps, c: gt.ManifoldMuon(ps[:1], lr=1e-2, capturable=c),
+    "Optimizer(core)": lambda gt, ps, c: gt.Optimizer(ps, geoarray.optim.Adam(lr=1e-2), capturable=c),
 }
 
 
@@ -77,10 +87,8 @@ def _python_side(opt):
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_capturable_keeps_its_state_in_fixed_buffers_and_equals_the_default(torch, gt, device, name):
-    cls, kw = OPTIONS[name]
     fixed, free = _model(torch, gt, device), _model(torch, gt, device)
-    opt_fixed = getattr(gt, cls)(list(fixed), lr=1e-2, capturable=True, **kw)
-    opt_free = getattr(gt, cls)(list(free), lr=1e-2, **kw)
+    opt_fixed, opt_free = OPTIONS[name](gt, list(fixed), True), OPTIONS[name](gt, list(free), False)
     addresses = [p.data_ptr() for p in fixed]
     before = buffers = None  # the Python side and the state tensors after the previous step
     for t in range(4):
@@ -113,6 +121,10 @@ def test_capturable_refusals_name_the_fix(torch, gt, device):
         gt.Adam([W, b], lr=torch.tensor(1e-2), capturable=True)
     with pytest.raises(ValueError, match=r"AdamW\(capturable=True\) cannot take stabilize=5"):
         gt.AdamW([W, b], capturable=True, stabilize=5)
+    with pytest.raises(ValueError, match=r"Gradient\(capturable=True\) takes a float lr"):
+        gt.Gradient([W, b], lr=torch.tensor(1e-2), capturable=True)
+    with pytest.raises(TypeError, match=r"param_groups\[0\]\['capturable'\] must be True or False, got 'yes'"):
+        gt.Momentum([W, b], capturable="yes")
     opt = gt.Adam([W, b], lr=1e-2)
     _loss(torch, W, b, _batch(torch, 0, device)).backward()
     opt.step()

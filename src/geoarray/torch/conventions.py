@@ -23,14 +23,9 @@ The transforms are :func:`geoarray.optim.torch_rules.scale_by_torch_adam` and
   ``foreach=False`` updates every parameter by its own call (``group_same_shape=False``).
   ``fused=True`` and ``differentiable=True`` are not supported and raise a ``ValueError`` saying why;
   their ``False``/``None`` values are accepted.
-* ``capturable=True`` (torch's meaning: the step can be captured in a CUDA graph with the forward and
-  backward): after the first step, which runs eagerly and makes them, the state's tensors are fixed
-  buffers that every step writes in place (as the parameters are), so a graph replays reads and writes
-  of the same addresses; on a GPU the step reads nothing to the host (:func:`geoarray.set_host_reads`).
-  The lr is a float, baked into a captured graph (capture again after changing it); ``stabilize`` is
-  refused (its count lives in Python). A step that would build state inside a capture raises
-  ``RuntimeError``. Tested on the CPU (fixed buffers, results equal to ``capturable=False``); the capture
-  itself by ``tests/test_torch_cuda_graph.py`` on a CUDA device.
+* ``capturable=True``: torch's meaning, for every geoarray.torch optimizer
+  (:class:`geoarray.torch.Optimizer`); ``SGD`` takes it in a param group, as torch's ``SGD`` has no
+  such argument.
 * ``stabilize`` (geoopt's option, so that geoopt code ports by swapping the classes): every
   ``stabilize`` steps of a group its ManifoldParameters are projected to the nearest point
   (:func:`geoarray.torch.project_`). Rarely needed: the retraction keeps them on the manifold to
@@ -71,18 +66,6 @@ def _check_flags(group: dict, name: str) -> None:
             "while geoarray's step lifts manifold gradients to g^hor and retracts; leave fused=None (the core "
             "already updates same-shaped parameters in batched calls)"
         )
-    if group.get("capturable"):
-        if isinstance(group.get("lr"), torch.Tensor):
-            raise ValueError(
-                f"{name}(capturable=True) takes a float lr, got a tensor: the step reads a tensor lr to the host "
-                "(.item()), which a CUDA graph cannot capture; give a float (a captured step keeps the lr it was "
-                "captured with: capture again after changing it)"
-            )
-        if group.get("stabilize"):
-            raise ValueError(
-                f"{name}(capturable=True) cannot take stabilize={group['stabilize']!r}: the projection every "
-                "k steps is counted in Python, outside a captured graph; leave stabilize=None"
-            )
     if group.get("differentiable"):
         raise ValueError(
             f"{name}(differentiable=True) is not supported: the step runs under torch.no_grad() and writes the "

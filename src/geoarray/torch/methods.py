@@ -32,8 +32,8 @@ class MethodOptimizer(Optimizer):
     #: never None here: a MethodOptimizer always has defaults (lr at least), so it knows its groups' keys
     _known: frozenset
 
-    def __init__(self, params: Iterable[Any], defaults: dict, *, skip_together: bool = False):
-        super().__init__(params, self._core_for, defaults, skip_together=skip_together)
+    def __init__(self, params: Iterable[Any], defaults: dict, *, skip_together: bool = False, capturable: bool = False):
+        super().__init__(params, self._core_for, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> Core:
         raise NotImplementedError
@@ -76,9 +76,10 @@ class Gradient(MethodOptimizer):
         group_same_shape: bool = True,
         seed: int = 0,
         skip_together: bool = False,
+        capturable: bool = False,
     ):
         defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
-        super().__init__(params, defaults, skip_together=skip_together)
+        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Gradient(self._lr(group), **self._opts(group))
@@ -99,9 +100,10 @@ class Momentum(MethodOptimizer):
         group_same_shape: bool = True,
         seed: int = 0,
         skip_together: bool = False,
+        capturable: bool = False,
     ):
         defaults = {"lr": lr, "alpha": alpha, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
-        super().__init__(params, defaults, skip_together=skip_together)
+        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
@@ -134,6 +136,7 @@ class PaperAdam(MethodOptimizer):
         group_same_shape: bool = True,
         seed: int = 0,
         skip_together: bool = False,
+        capturable: bool = False,
     ):
         defaults = {
             "lr": lr,
@@ -142,7 +145,7 @@ class PaperAdam(MethodOptimizer):
             "eps": eps,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
+        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         betas = group["betas"]
@@ -181,6 +184,7 @@ class AdamWithDecay(MethodOptimizer):
         group_same_shape: bool = True,
         seed: int = 0,
         skip_together: bool = False,
+        capturable: bool = False,
     ):
         defaults = {
             "lr": lr_start,
@@ -193,7 +197,7 @@ class AdamWithDecay(MethodOptimizer):
             "steps_per_epoch": steps_per_epoch,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
+        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
         b1, b2 = group["betas"]
@@ -228,7 +232,15 @@ class ManifoldMuon(MethodOptimizer):
     _LIVE = ()
     _CORE: type[_optim.ManifoldMuon] = _optim.ManifoldMuon
 
-    def __init__(self, params: Iterable[Any], lr: float = 5e-3, *, skip_together: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 5e-3,
+        *,
+        skip_together: bool = False,
+        capturable: bool = False,
+        **kwargs: Any,
+    ):
         import inspect
 
         signature = inspect.signature(self._CORE.__init__)
@@ -243,10 +255,14 @@ class ManifoldMuon(MethodOptimizer):
                 f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
             )
         self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
-        super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together)
+        super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> _optim.ManifoldMuon:
-        kwargs = {k: v for k, v in group.items() if k not in BOOKKEEPING and k != "lr" and k in self._known}
+        kwargs = {
+            k: v
+            for k, v in group.items()
+            if k not in BOOKKEEPING and k not in ("lr", "capturable") and k in self._known
+        }
         lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
         return self._CORE(lr, **kwargs)
 

@@ -86,6 +86,7 @@ from .param_groups import (
     NOT_HYPERPARAMETERS,
     NOT_IN_KEY,
     LiveHyperparameter,
+    check_capturable,
     check_lr,
     core_lr,
     scaled,
@@ -139,6 +140,15 @@ class Optimizer(torch.optim.Optimizer):
     ``on_nonfinite="raise"`` is refused with it (``ValueError``): the rank that raised would leave the
     others waiting.
 
+    ``capturable`` (keyword, default False; every subclass takes it, a param group may set its own), as
+    in ``torch.optim.Adam(capturable=True)``: the step can be captured in a CUDA graph together with the
+    forward and backward. After the first step, which runs eagerly and makes them, the state's tensors
+    are fixed buffers that every step writes in place (as it writes the parameters), so a replay reads and
+    writes the same addresses and nothing on the Python side changes; on a GPU the step reads nothing to
+    the host (:func:`geoarray.set_host_reads`). The lr must be a float, baked into a captured graph
+    (capture again after changing it), and ``stabilize`` is refused (its count lives in Python). A
+    step inside a capture that would build state or make the buffers raises ``RuntimeError``.
+
     **Learning rate.** Every param group carries ``lr``, so every ``torch.optim.lr_scheduler`` works.
     For a core whose update is the Riemannian wrapper's (geoarray's Adam, Momentum, Gradient, BFGS,
     ``riemannian(...)``), the group's ``lr`` scales the velocity W = −η·direction relative to the rate
@@ -170,8 +180,10 @@ class Optimizer(torch.optim.Optimizer):
         defaults: dict | None = None,
         *,
         skip_together: bool = False,
+        capturable: bool = False,
     ):
         defaults = dict(defaults or {})
+        defaults.setdefault("capturable", capturable)  # torch's convention classes pass their own
         # the keys a group may hold (None: any; a factory without defaults reads what it likes)
         self._known: frozenset | None = frozenset(defaults) | {"lr"}
         self._lr_reference: float | None = None  # None: the group's lr when the core was built
@@ -288,6 +300,7 @@ class Optimizer(torch.optim.Optimizer):
         check_skip_together(probe, gi)
         if "lr" in probe:
             check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
+        check_capturable(probe, gi, type(self).__name__)
         names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
         params = [it[1] if isinstance(it, tuple) and len(it) == 2 else it for it in items]
         if all(n is not None for n in names) and "param_names" not in probe:
@@ -370,6 +383,8 @@ class Optimizer(torch.optim.Optimizer):
         self._check_grads(group, gi, active)
         if "lr" in group and not isinstance(group["lr"], torch.Tensor):  # edited by hand or by a scheduler
             check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+        if not torch.compiler.is_compiling():  # which shows capturable=True while it traces (NOT_IN_KEY)
+            check_capturable(group, gi, type(self).__name__)
         active_set = set(active)
         plan: list = []
         covered: set[int] = set()

@@ -25,6 +25,7 @@ __all__ = [
     "NOT_HYPERPARAMETERS",
     "NOT_IN_KEY",
     "LiveHyperparameter",
+    "check_capturable",
     "check_lr",
     "core_lr",
     "core_options",
@@ -34,7 +35,8 @@ __all__ = [
 #: the options of :class:`geoarray.optim.RiemannianOptimizer` a param group may carry
 CORE_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
 #: keys that are not compared when a saved state_dict is matched to the optimizer's groups
-NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr", "skip_together"})
+#: (``capturable`` changes where the state lives, not what it holds: the states of both load into either)
+NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr", "skip_together", "capturable"})
 # keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
 # neither hyperparameters of the core nor unknown keys
 _SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
@@ -112,6 +114,28 @@ def core_lr(core: Any) -> float | None:
     except Exception:  # a schedule that needs an array step: no constant rate
         return None
     return value if value > 0 and value != float("inf") else None
+
+
+def check_capturable(group: dict, gi: Any, optimizer: str) -> None:
+    """``TypeError``/``ValueError`` unless the group's ``capturable`` is a bool whose step a CUDA graph
+    can capture: with ``capturable=True`` the lr is a float (a tensor lr is read with ``.item()``) and
+    ``stabilize`` is off (its count lives in Python, outside a captured graph)."""
+    capturable = group.get("capturable", False)
+    if not isinstance(capturable, bool):
+        raise TypeError(f"param_groups[{gi}]['capturable'] must be True or False, got {capturable!r}")
+    if not capturable:
+        return
+    if isinstance(group.get("lr"), torch.Tensor):
+        raise ValueError(
+            f"{optimizer}(capturable=True) takes a float lr, got a tensor: the step reads a tensor lr to the host "
+            "(.item()), which a CUDA graph cannot capture; give a float (a captured step keeps the lr it was "
+            "captured with: capture again after changing it)"
+        )
+    if group.get("stabilize"):
+        raise ValueError(
+            f"{optimizer}(capturable=True) cannot take stabilize={group['stabilize']!r}: the projection every "
+            "k steps is counted in Python, outside a captured graph; leave stabilize=None"
+        )
 
 
 def check_lr(lr: Any, name: str = "lr") -> None:
