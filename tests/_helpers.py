@@ -51,6 +51,10 @@ def load_backend(name: str) -> Backend:
         if name == "torch-cuda":
             if not torch.cuda.is_available():
                 return Backend(name, xp, None, "torch-cuda: no CUDA GPU visible to torch")
+            # the float32 tolerances assume IEEE float32 products; TF32 keeps 10 mantissa bits (torch's
+            # default for matrix products is full float32 already, for cuDNN it is TF32)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
             return Backend(name, xp, torch.device("cuda"))
         return Backend(name, xp, torch.device("cpu"))
     if name in ("jax", "jax-cuda"):
@@ -59,6 +63,9 @@ def load_backend(name: str) -> Backend:
         import jax
 
         jax.config.update("jax_enable_x64", True)
+        # float32 products in full float32: JAX's default precision on Ampere and later GPUs is TF32
+        # (10 mantissa bits), which the float32 tolerances of the suite do not allow for
+        jax.config.update("jax_default_matmul_precision", "highest")
         import jax.numpy as xp
 
         platform = "gpu" if name == "jax-cuda" else "cpu"
