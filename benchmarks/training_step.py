@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python benchmarks/training_step.py [--backends torch numpy jax] [--model digits|paper]
         [--steps 30] [--batch-size 64] [--n-layers L] [--dtype float32] [--threads 2]
-        [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--json out.json]
+        [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--device cpu|cuda] [--capture]
+        [--json out.json]
 
 The network is the vision transformer of ``geoarray demo`` / ``geoarray train vit`` (Brantner,
 *Generalizing Adam to Manifolds for Efficiently Training Transformers*; no layer norm, the paper's L2
@@ -25,7 +26,10 @@ the Stiefel manifold and geoarray's manifold Adam, once unconstrained with the b
   ``torch.optim.Adam`` (default foreach implementation) on plain parameters. Also shown:
   ``geoarray.torch.PaperAdam`` on the plain parameters (geoarray's own Euclidean Adam) and, when
   installed, geoopt's ``RiemannianAdam`` on ``geoopt.ManifoldParameter(..., geoopt.Stiefel())`` (its
-  default, canonical metric).
+  default, canonical metric). With ``--capture`` (``--device cuda``): the whole step — forward, backward
+  and ``opt.step()`` — captured in one CUDA graph and replayed on each new batch (torch's whole-network
+  capture), with ``geoarray.torch.PaperAdam(capturable=True)`` and ``torch.optim.Adam(capturable=True)``;
+  a capture that fails is reported with its error instead of a time. Not yet run on a GPU.
 * **numpy** — the library's analytic pullbacks (``geoarray.train.value_and_grad(..., grad="analytic")``,
   i.e. ``model.vjp`` + ``loss.vjp``) and ``geoarray.optim.Adam(group_same_shape=True)`` as
   ``geoarray train vit`` uses it, with ``model.manifolds()`` (Stiefel) or no manifolds (Euclidean: the
@@ -92,7 +96,42 @@ COLUMNS = {  # key in the timings -> column title
     "geoarray_euclidean": "ga Euclid",
     "stiefel": "Stiefel-Adam",
     "geoopt": "geoopt",
+    "euclidean_graph": "Euclid graph",
+    "stiefel_graph": "Stiefel graph",
 }
+
+
+def _graph_step(torch, m, opt, batches, loss):
+    """The training step (forward, backward, update) captured in one CUDA graph, as torch's whole-network
+    capture recipe does: three warm-up steps on a side stream (the first builds the optimizer's state),
+    the capture with static input tensors, then each call copies the next batch into them and replays."""
+    next_batch = _cycle(batches)
+    x0, y0 = next_batch()
+    static_x, static_y = x0.clone(), y0.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss.value(m(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        value = loss.value(m(static_x), static_y)
+        value.backward()
+        opt.step()
+
+    def step():
+        x, y = next_batch()
+        static_x.copy_(x)
+        static_y.copy_(y)
+        graph.replay()
+        torch.cuda.synchronize()
+        return value
+
+    return step
 
 
 def transformer(config: dict, *, stiefel: bool) -> ClassificationTransformer:
@@ -160,6 +199,8 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("training_step.py: --device cuda but torch sees no CUDA GPU")
+    if args.capture and device.type != "cuda":
+        raise SystemExit(f"training_step.py: --capture needs --device cuda (CUDA graphs), got --device {args.device}")
     batches = [
         (torch.as_tensor(x, dtype=dtype, device=device), torch.as_tensor(y, dtype=dtype, device=device))
         for x, y in batches_np
@@ -206,6 +247,28 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         if args.torch_grad == "autograd"
         else "analytic pullbacks inside autograd (geoarray.torch.nn.Module(..., analytic=True))",
     }
+    if args.capture:
+        graphs = {
+            "euclidean_graph": (
+                model_e,
+                lambda m: torch.optim.Adam(m.parameters(), lr=LR, betas=(0.9, 0.99), capturable=True),
+                "torch.optim.Adam(capturable=True): forward, backward and step in one CUDA graph",
+            ),
+            "stiefel_graph": (
+                model_s,
+                lambda m: gt.PaperAdam(m.parameters(), lr=LR, capturable=True),
+                "geoarray.torch.PaperAdam(capturable=True): forward, backward and step in one CUDA graph",
+            ),
+        }
+        for key, (model, make_opt, note) in graphs.items():
+            m = module(model)
+            try:
+                fns[key] = _graph_step(torch, m, make_opt(m), batches, loss)
+            except Exception as exc:  # reported in the table instead of a time
+                notes[key] = f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                continue
+            modules[key] = m
+            notes[key] = note
     try:
         import geoopt
     except ImportError:
@@ -238,6 +301,8 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         extra = {"stiefel_max_YtY_minus_I": drift}
         if "geoopt" in modules:
             extra["geoopt_max_YtY_minus_I"] = _orthonormality(model_s, modules["geoopt"].param_tree())
+        if "stiefel_graph" in modules:
+            extra["stiefel_graph_max_YtY_minus_I"] = _orthonormality(model_s, modules["stiefel_graph"].param_tree())
     row = {"medians": medians, "notes": notes, "nonfinite_gradient_batches": bad, **extra}
     if profile is not None:
         row["profile"] = profile
@@ -400,6 +465,8 @@ def ratios(medians: dict[str, float]) -> dict[str, float]:
     out = {"stiefel_over_euclidean": medians["stiefel"] / medians["euclidean"]}
     if "geoarray_euclidean" in medians:
         out["stiefel_over_geoarray_euclidean"] = medians["stiefel"] / medians["geoarray_euclidean"]
+    if "stiefel_graph" in medians and "euclidean_graph" in medians:
+        out["stiefel_graph_over_euclidean_graph"] = medians["stiefel_graph"] / medians["euclidean_graph"]
     if "geoopt" in medians:
         out["geoopt_over_euclidean"] = medians["geoopt"] / medians["euclidean"]
         out["geoopt_over_stiefel"] = medians["geoopt"] / medians["stiefel"]
@@ -430,6 +497,11 @@ def print_table(backend: str, row: dict[str, Any], steps: int) -> None:
         lines.append(
             f"geoopt / Euclidean: {rat['geoopt_over_euclidean']:.2f}×, geoopt / geoarray Stiefel: "
             f"{rat['geoopt_over_stiefel']:.2f}×, geoopt max|YᵀY−I| {row['geoopt_max_YtY_minus_I']:.1e}"
+        )
+    if "stiefel_graph_over_euclidean_graph" in rat:
+        lines.append(
+            f"captured in CUDA graphs, Stiefel / Euclidean: {rat['stiefel_graph_over_euclidean_graph']:.2f}×, "
+            f"Stiefel weights after the replays: max|YᵀY−I| {row['stiefel_graph_max_YtY_minus_I']:.1e}"
         )
     if "compile_s" in row:
         lines.append(
@@ -473,6 +545,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=0,
         metavar="K",
         help="torch: after the timing, profile 5 Stiefel and 5 Euclidean steps and print the top K operators",
+    )
+    parser.add_argument(
+        "--capture",
+        action="store_true",
+        help="torch on CUDA: also time the whole step captured in a CUDA graph (capturable=True optimizers)",
     )
     parser.add_argument(
         "--no-peers",

@@ -71,6 +71,15 @@ def test_training_step_json(bench_backend, tmp_path, capsys):
     assert f"{bench_backend}: full ViT training step" in printed and "Stiefel/Euclid" in printed
 
 
+def test_training_step_capture_needs_a_cuda_device(backend):
+    """``--capture`` (the step in a CUDA graph) on the CPU is a one-line exit, before any timing."""
+    if backend.name != "torch":
+        pytest.skip(f"--capture is a torch option; this is the {backend.name} session")
+    pytest.importorskip("sklearn", reason="training_step.py's default ViT trains on scikit-learn's digits (demo extra)")
+    with pytest.raises(SystemExit, match=r"^training_step.py: --capture needs --device cuda \(CUDA graphs\), got"):
+        _load("training_step").main(["--backends", "torch", "--n-layers", "1", "--capture"])
+
+
 def test_optimizer_step_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "optimizer_step.json"
     argv = ["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--drift-steps", "5", "--threads", "1"]
