@@ -12,6 +12,8 @@ nothing to the host (the device's default policy, :func:`geoarray.set_host_reads
   second step on, every state tensor of every cohort is the same tensor object at the same address, the
   optimizer's Python-side state (cohorts, their keys, ``param_groups``) is unchanged by a step, and the
   parameters and state agree with ``capturable=False`` to ``AGREE_RTOL``;
+* a capturable optimizer's ``state_dict`` loads into a new optimizer, capturable or not, and the resumed
+  steps equal the uninterrupted ones bit for bit;
 * refusals, each naming the fix, nothing changed: a tensor lr (read with ``.item()``), ``stabilize`` (a
   Python count), and a captured step that would build state or make the buffers (the capture is
   simulated on the CPU by making ``torch.cuda.is_current_stream_capturing`` answer True);
@@ -219,3 +221,28 @@ def test_a_compiled_capturable_step_writes_the_same_buffers(torch, gt, device):
             assert [(id(s), s.data_ptr()) for s in _state_tensors(opt)] == buffers, f"step {t} moved a state tensor"
             for p, q in zip(fixed, free, strict=True):
                 assert_agree(p.detach(), q.detach(), what=f"compiled capturable, step {t}")
+
+
+@pytest.mark.parametrize("into", [True, False])
+def test_a_capturable_state_dict_resumes_bit_exactly(torch, gt, device, into):
+    """The state_dict of a capturable optimizer loads into a new one, capturable or not (the state is the
+    same; only where it lives differs), and the resumed steps equal the uninterrupted ones bit for bit
+    (the same computation repeated)."""
+    first, resumed = _model(torch, gt, device), _model(torch, gt, device)
+    opt = gt.Adam(list(first), lr=1e-2, capturable=True)
+    for t in range(2):
+        opt.zero_grad()
+        _loss(torch, *first, _batch(torch, t, device)).backward()
+        opt.step()
+    with torch.no_grad():
+        for p, q in zip(resumed, first, strict=True):
+            p.copy_(q)
+    other = gt.Adam(list(resumed), lr=1e-2, capturable=into)
+    other.load_state_dict(opt.state_dict())
+    for t in range(2, 4):
+        for params, o in ((first, opt), (resumed, other)):
+            o.zero_grad()
+            _loss(torch, *params, _batch(torch, t, device)).backward()
+            o.step()
+        for p, q in zip(resumed, first, strict=True):
+            assert torch.equal(p.detach(), q.detach()), f"step {t}"

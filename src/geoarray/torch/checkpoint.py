@@ -407,6 +407,7 @@ def _build(optimizer: Any, names: list, state_dict: dict, saved_cohorts: list) -
             for path, (grp, pieces) in got.items():
                 values[path] = _pack(grp, pieces)
             cohort.state = optree.tree_unflatten(treedef, [values[path] for path in paths])
+            cohort.buffers = False  # leaves may share memory: capturable=True makes its buffers afresh
             cohort.key = optimizer._hyper_key(group)
             cohorts.append(cohort)
         built.append(cohorts)
