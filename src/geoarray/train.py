@@ -386,14 +386,18 @@ def fit(
     # whenever they are read, so the history does not depend on when.
     pending: list[tuple[Any, int]] = []  # (loss, batch size) of the steps not read yet
     total = 0.0  # the epoch's loss sum over the steps read so far
+    last = math.nan  # the loss of the last step read
 
     def read_pending() -> float:
-        nonlocal total
-        values = _losses_to_host([v for v, _ in pending], xp)
-        for value, (_, m) in zip(values, pending, strict=True):
-            total += value * m
-        pending.clear()
-        return values[-1]
+        """Adds the pending losses to ``total`` in step order; the last step's loss."""
+        nonlocal total, last
+        if pending:
+            values = _losses_to_host([v for v, _ in pending], xp)
+            for value, (_, m) in zip(values, pending, strict=True):
+                total += value * m
+            pending.clear()
+            last = values[-1]
+        return last
 
     try:
         with _StopFlag() as stop:
@@ -425,13 +429,11 @@ def fit(
                     if len(pending) >= _PENDING:
                         read_pending()
                     if b < n_batches - 1 and due():
-                        if pending:
-                            read_pending()
+                        read_pending()
                         checkpoint(epoch - 1, b + 1, total, seen, time.perf_counter() - t0)
                     if stop.requested:
                         raise KeyboardInterrupt
-                if pending:
-                    read_pending()
+                read_pending()
                 record: dict[str, Any] = {"epoch": epoch, "train_loss": total / seen}
                 if val_data is not None:
                     record["val_loss"] = _to_float(loss.value(model.apply(result.params, val_inputs), val_targets))
