@@ -93,8 +93,8 @@ class FitResult:
 # ---------------------------------------------------------------------------------------------
 
 
-# fit reads the steps' losses to the host at most every _PENDING steps, and for the progress bar at most
-# every _BAR_LOSS_SECONDS
+# fit holds at most _PENDING steps' losses on the device before it reads them to the host, and reads one
+# for the progress bar at most once every _BAR_LOSS_SECONDS
 _PENDING = 256
 _BAR_LOSS_SECONDS = 1.0
 
