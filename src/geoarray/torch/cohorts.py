@@ -130,19 +130,14 @@ def eager_first_message(group: dict, gi: int, item: Any, name: Callable) -> str:
     )
 
 
-def write_state(cohort: Cohort, state: Any, capturable: bool, capturing: bool) -> None:
+def write_state(cohort: Cohort, state: Any, capturable: bool) -> None:
     """Make ``state`` the cohort's: by reference, or with ``capturable`` by copying it into the
-    cohort's fixed state buffers (made at the first such write, by an eager step: cloned, so that no two
-    leaves share memory)."""
+    cohort's fixed state buffers (made at the first such write, which the step refuses inside a capture:
+    cloned, so that no two leaves share memory)."""
     if not capturable:
         cohort.state, cohort.buffers = state, False
     elif cohort.buffers:
         torch._foreach_copy_(optree.tree_leaves(cohort.state), optree.tree_leaves(state))
-    elif capturing:
-        raise RuntimeError(
-            "a graph-captured optimizer step cannot allocate the state buffers of capturable=True: run one "
-            "step with capturable=True eagerly (outside the capture) first"
-        )
     else:
         cohort.state = optree.tree_map(lambda t: t.clone(memory_format=torch.preserve_format), state)
         cohort.buffers = True

@@ -498,7 +498,7 @@ class Optimizer(torch.optim.Optimizer):
                 torch._foreach_copy_(params, new)
             else:
                 sharded.write(new)
-            write_state(cohort, state, capturable, capturing)
+            write_state(cohort, state, capturable)
         return loss
 
     def _agreement_device(self) -> torch.device:
