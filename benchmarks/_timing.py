@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -113,7 +114,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     except OSError:
         pass
     versions = {}
-    for dist in ("numpy", "torch", "jax", "jaxlib", "optax", "geoopt"):
+    for dist in ("numpy", "torch", "jax", "jaxlib", "optax", "geoopt", "cupy-cuda13x", "cupy-cuda12x"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -141,5 +142,69 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "threads": threads,
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),
+        "gpu": _gpu_name(),
         **versions,
     }
+
+
+def _gpu_name() -> str | None:
+    """The CUDA device torch uses, when torch is already imported and sees one (imports nothing)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}, torch {torch.__version__})"
+
+
+def cuda_sync_sites(torch: Any, step: Callable[[], Any], *, repeats: int = 2, warmup: int = 1) -> dict[str, int]:
+    """Where ``step`` makes the host wait for the CUDA device: ``{site: count}``, empty when it never does.
+
+    ``step`` runs ``warmup`` times unwatched (a torch optimizer's first step builds its state and checks
+    its parameters, once), then ``repeats`` times under ``torch.cuda.set_sync_debug_mode("warn")``, which warns at every
+    operation that synchronises (a ``.item()``, a ``bool()`` of a tensor, a copy to the host, ``nonzero``);
+    "warn" rather than "error" so that one run finds every site, not only the first. A site is the
+    innermost frame of geoarray's source (else of the caller) at the warning, as ``path:line (function)``.
+    """
+    import traceback
+    import warnings
+
+    import geoarray
+
+    package = os.path.dirname(os.path.abspath(geoarray.__file__))
+    sites: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith(("warnings.py", "_timing.py"))]
+        ours = [f for f in stack if f.filename.startswith(package)] or stack
+        frame = ours[-1]
+        where = os.path.basename(frame.filename)
+        if frame.filename.startswith(package):
+            where = os.path.relpath(frame.filename, os.path.dirname(package))
+        key = f"{where}:{frame.lineno} ({frame.name})"
+        sites[key] = sites.get(key, 0) + 1
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(repeats):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    return sites
+
+
+def format_sync_sites(sites: dict[str, int]) -> str:
+    """``"none"`` or ``"N: site ×k; ..."`` for a table cell."""
+    if not sites:
+        return "none"
+    return f"{sum(sites.values())}: " + "; ".join(f"{site} ×{n}" for site, n in sites.items())

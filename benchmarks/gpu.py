@@ -9,13 +9,16 @@ For each weight set (float32, Stiefel, ``geoarray.optim.Adam(lr=1e-3)``, fixed g
 * ``tiny``: 8 × Stiefel(16, 4), for smoke runs on the CPU.
 
 torch variants: ``eager`` (``opt.update``; on a GPU it reads nothing to the host: ``geoarray.set_host_reads``),
+``module`` (the same Adam as a torch user runs it: ``geoarray.torch.PaperAdam(...).step()`` on ManifoldParameters;
+``module_graph``: ``PaperAdam(capturable=True).step()`` captured in a CUDA graph and replayed, CUDA only),
 ``compiled`` (``torch.compile(opt.update, fullgraph=True)``, inductor; compile time apart), ``graph`` (the
 compiled-free step captured in a CUDA graph with static inputs, its outputs copied back into them, replayed;
 CUDA only); baselines ``torch.optim.Adam(fused=True)`` and ``(foreach=True)`` on tensors of the same shapes.
 JAX: ``jax.jit(opt.update, donate_argnums=(0, 2))`` against jitted ``optax.adam``.
 
-Before timing, one eager torch step runs under ``torch.cuda.set_sync_debug_mode("error")``: the row says
-``syncs: none`` or the error it raised (CUDA only).
+Before timing, two eager torch steps (``opt.update``; ``module_syncs``: ``PaperAdam.step``) run under
+``torch.cuda.set_sync_debug_mode("warn")``: the row says ``syncs: none`` or how many times, and where in
+geoarray, the host waited for the device (CUDA only).
 
 Timing: after warm-up, rounds of ``--inner`` steps between two device synchronisations (so the queue stays
 full, as in training), ``--rounds`` rounds per variant, variants interleaved in alternating order; the
@@ -24,7 +27,7 @@ tables give the median per step and the ratio to fused Adam (torch) or optax (JA
 their error instead of a time.
 
     python benchmarks/gpu.py [--device cuda] [--sets vit vit-leaves 1024x64 4096x128 gpt2] [--rounds 30]
-        [--inner 10] [--no-compile] [--backends torch jax] [--json out.json]
+        [--inner 10] [--no-compile | --compile-sets SET...] [--backends torch jax] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import optree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
-from _timing import machine_info
+from _timing import cuda_sync_sites, format_sync_sites, machine_info
 
 import geoarray
 from geoarray import optim
@@ -107,17 +110,32 @@ def _graph_step(torch, opt, params, grads, state):
     return graph.replay
 
 
-def sync_check(torch, step) -> str:
-    """Run ``step`` under torch.cuda.set_sync_debug_mode("error"): "none" or the error raised."""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-        return "none"
-    except RuntimeError as exc:
-        return f"RuntimeError: {str(exc).splitlines()[0][:160]}"
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
+def _module_step(torch, params, mans, grads, *, capturable: bool):
+    """``geoarray.torch.PaperAdam`` (the same Adam as a ``torch.optim.Optimizer``) on ManifoldParameters whose
+    ``.grad`` holds the fixed gradients: its ``step``; with ``capturable`` that step captured alone in a
+    CUDA graph (after three eager warm-up steps on a side stream, torch's recipe) and replayed."""
+    import geoarray.torch as gt
+
+    is_manifold = lambda x: isinstance(x, geoarray.Stiefel)  # noqa: E731
+    weights = [
+        gt.ManifoldParameter(p.detach().clone(), m)
+        for p, m in zip(optree.tree_leaves(params), optree.tree_leaves(mans, is_leaf=is_manifold), strict=True)
+    ]
+    for w, g in zip(weights, optree.tree_leaves(grads), strict=True):
+        w.grad = g.clone()
+    opt = gt.PaperAdam(weights, lr=1e-3, capturable=capturable)
+    if not capturable:
+        return opt.step
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            opt.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    return graph.replay
 
 
 def bench_torch(name: str, args) -> dict:
@@ -131,10 +149,14 @@ def bench_torch(name: str, args) -> dict:
     opt = optim.Adam(lr=1e-3)
     state = opt.init(params, mans)
     row = {"set": name, "backend": "torch", "device": str(device)}
+    fns = {
+        "eager": _pure_step(opt, params, grads, state),
+        "module": _module_step(torch, params, mans, grads, capturable=False),
+    }
     if cuda:
-        row["syncs"] = sync_check(torch, _pure_step(opt, params, grads, state))
-    fns = {"eager": _pure_step(opt, params, grads, state)}
-    if args.compile:
+        row["syncs"] = format_sync_sites(cuda_sync_sites(torch, _pure_step(opt, params, grads, state)))
+        row["module_syncs"] = format_sync_sites(cuda_sync_sites(torch, fns["module"]))
+    if args.compile and name in args.compile_sets:
         compiled = torch.compile(opt.update, fullgraph=True)
         start = time.perf_counter()
         try:
@@ -150,10 +172,14 @@ def bench_torch(name: str, args) -> dict:
         except Exception as exc:
             row["compiled"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     if cuda:
-        try:
-            fns["graph"] = _graph_step(torch, opt, params, grads, state)
-        except Exception as exc:
-            row["graph"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        for key, make in (
+            ("graph", lambda: _graph_step(torch, opt, params, grads, state)),
+            ("module_graph", lambda: _module_step(torch, params, mans, grads, capturable=True)),
+        ):
+            try:
+                fns[key] = make()
+            except Exception as exc:
+                row[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     for impl in ("fused", "foreach"):
         leaves = [p.detach().clone().requires_grad_(True) for p in optree.tree_leaves(params)]
         for leaf, g in zip(leaves, optree.tree_leaves(grads), strict=True):
@@ -231,12 +257,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--inner", type=int, default=10, help="steps between two synchronisations")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="leave out torch.compile")
+    parser.add_argument(
+        "--compile-sets", nargs="+", default=None, choices=ALL_SETS, help="torch.compile only these sets (default: all)"
+    )
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matrix products (default: full float32)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.inner < 1:
         parser.error(f"--rounds and --inner must be at least 1, got {args.rounds} and {args.inner}")
-    rows = []
+    if args.compile_sets is None:
+        args.compile_sets = args.sets
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:  # each row printed and saved at once: a run cut short keeps what it measured
+        rows.append(row)
+        _print(row)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"benchmark": "gpu", "machine": machine_info(), "tf32": args.tf32, "rows": rows}, f, indent=1)
+
     if "torch" in args.backends:
         import torch
 
@@ -245,18 +284,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
         torch.backends.cudnn.allow_tf32 = args.tf32
         for name in args.sets:
-            rows.append(bench_torch(name, args))
-            _print(rows[-1])
+            emit(bench_torch(name, args))
     if "jax" in args.backends:
         import jax
 
         jax.config.update("jax_default_matmul_precision", "tensorfloat32" if args.tf32 else "highest")
         for name in args.sets:
-            rows.append(bench_jax(name, args))
-            _print(rows[-1])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "gpu", "machine": machine_info(), "tf32": args.tf32, "rows": rows}, f, indent=1)
+            emit(bench_jax(name, args))
     return rows
 
 
@@ -267,7 +301,17 @@ def _print(row: dict) -> None:
             parts.append(f"{key[:-3]} {value:.3f} ms")
         elif key.endswith(("_over_adam", "_over_optax")):
             parts.append(f"{key} {value:.2f}×")
-        elif key in ("syncs", "graph", "compiled", "optax", "adam_fused", "adam_foreach", "compile_s"):
+        elif key in (
+            "syncs",
+            "module_syncs",
+            "graph",
+            "module_graph",
+            "compiled",
+            "optax",
+            "adam_fused",
+            "adam_foreach",
+            "compile_s",
+        ):
             parts.append(f"{key}: {value if not isinstance(value, float) else f'{value:.1f} s'}")
     print(" | ".join(parts), flush=True)
 

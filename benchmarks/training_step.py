@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/training_step.py [--backends torch numpy jax] [--model digits|paper]
         [--steps 30] [--batch-size 64] [--n-layers L] [--dtype float32] [--threads 2]
-        [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--device cpu|cuda] [--capture]
+        [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--device cpu|cuda] [--capture] [--tf32]
         [--json out.json]
 
 The network is the vision transformer of ``geoarray demo`` / ``geoarray train vit`` (Brantner,
@@ -75,7 +75,7 @@ import optree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _timing import interleaved_medians, machine_info
+from _timing import cuda_sync_sites, format_sync_sites, interleaved_medians, machine_info
 
 import geoarray
 from geoarray import nn, optim
@@ -195,6 +195,7 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
     import geoarray.torch as gt
 
     torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     dtype = getattr(torch, args.dtype)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -215,7 +216,7 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         copy = optree.tree_map(lambda t: t.detach().clone(), params)
         return gt.nn.Module(model, params=copy, analytic=args.torch_grad == "analytic")
 
-    def make_step(m, opt):
+    def make_step(m, opt, wait=True):
         next_batch = _cycle(batches)
 
         def step():
@@ -225,7 +226,8 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
             value.backward()
             if opt is not None:
                 opt.step()
-            sync()
+            if wait:
+                sync()
             return value
 
         return step
@@ -285,6 +287,16 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         modules["geoopt"] = m
         fns["geoopt"] = make_step(m, geoopt.optim.RiemannianAdam(m.parameters(), lr=LR, betas=(0.9, 0.99)))
         notes["geoopt"] = f"geoopt {geoopt.__version__} RiemannianAdam, Stiefel (canonical)"
+    syncs = {}
+    if device.type == "cuda":  # where an eager step (forward, backward, update) makes the host wait
+        for key, model in (("euclidean", model_e), ("stiefel", model_s)):
+            syncs[f"{key}_fwd_bwd"] = format_sync_sites(cuda_sync_sites(torch, make_step(module(model), None, False)))
+            m = module(model)
+            opt = torch.optim.Adam(m.parameters(), lr=LR, betas=(0.9, 0.99)) if key == "euclidean" else None
+            opt = opt or gt.PaperAdam(m.parameters(), lr=LR)
+            syncs[f"{key}_step"] = format_sync_sites(cuda_sync_sites(torch, make_step(m, opt, False), repeats=3))
+        for key, value in syncs.items():
+            print(f"  host waits in an eager {key.replace('_', ' ')} (torch.cuda sync debug mode): {value}", flush=True)
     medians = interleaved_medians(fns, args.steps, warmup=args.warmup)
     profile = _profile_torch(fns, args.profile) if args.profile else None
     # not timed: batches whose autograd gradient (initial weights) is not finite, where the optimizers skip
@@ -304,6 +316,8 @@ def bench_torch(config: dict, batches_np, args) -> dict[str, Any]:
         if "stiefel_graph" in modules:
             extra["stiefel_graph_max_YtY_minus_I"] = _orthonormality(model_s, modules["stiefel_graph"].param_tree())
     row = {"medians": medians, "notes": notes, "nonfinite_gradient_batches": bad, **extra}
+    if syncs:
+        row["host_syncs"] = syncs
     if profile is not None:
         row["profile"] = profile
     return row
@@ -394,6 +408,8 @@ def bench_jax(config: dict, batches_np, args) -> dict[str, Any]:
             f"training_step.py: --device {args.device}, but JAX runs on {jax.default_backend()} "
             f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}); install JAX's CUDA plugin or unset JAX_PLATFORMS"
         )
+    if args.device != "cpu":  # full float32 products, as torch's default (TF32 only with --tf32)
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if args.tf32 else "highest")
 
     import geoarray.jax as gj
 
@@ -556,6 +572,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         dest="peers",
         action="store_false",
         help="leave out the extra columns (geoarray's Euclidean Adam, geoopt): quicker smoke runs",
+    )
+    parser.add_argument(
+        "--tf32", action="store_true", help="on a GPU, float32 products in TF32 (torch and JAX; default: full float32)"
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
