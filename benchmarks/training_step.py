@@ -29,7 +29,10 @@ the Stiefel manifold and geoarray's manifold Adam, once unconstrained with the b
   default, canonical metric). With ``--capture`` (``--device cuda``): the whole step — forward, backward
   and ``opt.step()`` — captured in one CUDA graph and replayed on each new batch (torch's whole-network
   capture), with ``geoarray.torch.PaperAdam(capturable=True)`` and ``torch.optim.Adam(capturable=True)``;
-  a capture that fails is reported with its error instead of a time. Not yet run on a GPU.
+  a capture that fails is reported with its error instead of a time. On CUDA the script also lists every
+  host synchronisation of eager steps (forward and backward alone, and the whole step) with its site, under
+  ``torch.cuda.set_sync_debug_mode("warn")``; float32 products are full float32 on torch and JAX unless
+  ``--tf32``. Not yet run on a GPU.
 * **numpy** — the library's analytic pullbacks (``geoarray.train.value_and_grad(..., grad="analytic")``,
   i.e. ``model.vjp`` + ``loss.vjp``) and ``geoarray.optim.Adam(group_same_shape=True)`` as
   ``geoarray train vit`` uses it, with ``model.manifolds()`` (Stiefel) or no manifolds (Euclidean: the

@@ -128,6 +128,7 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("split") == ["torch"]
     assert _backend.fast_path_backends("eye") == ["torch"]
     assert _backend.fast_path_backends("norm1") == ["numpy", "torch"]
+    assert _backend.fast_path_backends("sign") == ["torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -164,6 +165,38 @@ def test_addmm_and_lerp_equal_their_generic_forms(xp, device, backend):
     assert_close(_backend.lerp(a1, b, 0.3, xp), a1 + 0.3 * (b - a1), xp=xp, atol=1e-14)
     native = _backend.fast_path("addmm", xp)
     assert (native is None) == (backend.kind != "torch")
+
+
+def test_sign_and_host_constants_need_no_copy_from_the_host(xp, device, backend):
+    """``_backend.sign`` is the array API's sign (−1, 0, +1, NaN for NaN; torch's own gives 0 for NaN, and
+    array-api-compat mends that with a boolean-mask assignment, a synchronisation on a GPU); ``host_constant``
+    equals ``asarray`` of the same numbers, is made once per dtype and device (the same array again), and
+    on torch neither makes an array from host data (``aten.lift_fresh``: a synchronous copy to a CUDA
+    device) nor indexes with a mask."""
+    x = xp.asarray([-2.5, -0.0, 0.0, 3.0, float("nan"), float("inf"), -float("inf")], dtype=xp.float64, device=device)
+    got = to_numpy(_backend.sign(x, xp))
+    np.testing.assert_array_equal(got, [-1.0, 0.0, 0.0, 1.0, np.nan, 1.0, -1.0])
+    values = ((1.0, 0.5, 1 / 6), (1 / 24, 1 / 120, 1 / 720))
+    like = xp.zeros((2, 2), dtype=xp.float32, device=device)
+    made = _backend.host_constant(values, like, xp)
+    np.testing.assert_array_equal(to_numpy(made), np.asarray(values, dtype=np.float32))
+    assert made.dtype == xp.float32 and made.shape == (2, 3)
+    if backend.kind != "jax":  # JAX makes it where it is used (a compiled program's constant)
+        assert _backend.host_constant(values, like, xp) is made
+    if backend.kind == "torch":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = []
+
+        class Seen(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func.__name__.split(".")[0])
+                return func(*args, **(kwargs or {}))
+
+        with Seen():
+            _backend.sign(x, xp)
+            _backend.host_constant(((2.0, 3.0),), xp.zeros((1,), dtype=xp.float64, device=device), xp)
+        assert not {"lift_fresh", "lift_fresh_copy", "index_put_", "nonzero"} & set(seen), seen
 
 
 def test_split_gives_the_consecutive_slices(xp, device, backend):

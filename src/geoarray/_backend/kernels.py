@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._typing import Array
-from .control import is_compiling
+from .control import is_compiling, is_traced
 from .namespace import array_namespace, backend_name, device, is_jax, is_torch
 
 Namespace = Any
@@ -298,6 +298,65 @@ def lerp(a: Array, b: Array, weight: Any, xp: Namespace) -> Array:
         if out is not NotImplemented:
             return out
     return a + weight * (b - a)
+
+
+# sign(x) with NaN propagated -----------------------------------------------------------------------
+# torch.sign(NaN) is 0; array-api-compat's torch sign mends that by assigning NaN through a boolean
+# mask, which on a GPU is a nonzero() whose count the host waits for (a synchronisation in every step
+# that builds a Householder section). A where does the same on the device.
+
+
+@register_fast_path("sign", "torch")
+def _sign_torch(x: Array) -> Array:
+    import torch
+
+    out = torch.sign(x)
+    return torch.where(torch.isnan(x), x, out) if x.dtype.is_floating_point else out
+
+
+def sign(x: Array, xp: Namespace) -> Array:
+    """The array API's sign(x) (−1, 0, +1; NaN for NaN), without a host synchronisation on any device."""
+    native = fast_path("sign", xp)
+    if native is not None:
+        return native(x)
+    return xp.sign(x)
+
+
+# constants made from host data, once per device ---------------------------------------------------
+# An array made from Python numbers (asarray) is a copy from the host; for a CUDA device torch makes that
+# copy synchronously (pytorch/pytorch#120996): a synchronisation in every step that builds one. Scalars
+# are made with full(), which fills on the device; small constant tables (a polynomial's coefficients)
+# are filled entry by entry once per dtype and device, and kept.
+_CONSTANTS: dict[tuple, Array] = {}
+
+
+def _filled(values: Any, like: Array, xp: Namespace) -> Array:
+    if isinstance(values, tuple):
+        return xp.stack([_filled(v, like, xp) for v in values])
+    return xp.full((), float(values), dtype=like.dtype, device=device(like))
+
+
+def host_constant(values: Any, like: Array, xp: Namespace) -> Array:
+    """``xp.asarray(values)`` with ``like``'s dtype and device (``values``: a float or nested tuples of
+    floats), filled on the device without a copy from the host, once per (values, dtype, device), and
+    kept. Under a trace (``jax.jit``, ``torch.compile``) it is the trace's constant, made in the trace and
+    never kept (a traced array must not outlive its trace); JAX embeds it in the compiled program."""
+    if is_jax(xp) or is_traced(like):
+        return xp.asarray(values, dtype=like.dtype, device=device(like))
+    key = (backend_name(xp), values, str(like.dtype), str(device(like)))
+    out = _CONSTANTS.get(key)
+    if out is None:
+        out = _filled(values, like, xp)
+        # made while a CUDA graph is captured, it lives in the graph's private memory pool: not kept
+        if not (is_torch(xp) and like.is_cuda and _torch_capturing()):
+            _CONSTANTS[key] = out
+    return out
+
+
+def _torch_capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
 
 
 # ‖X‖₁ = max_j Σᵢ |xᵢⱼ| per matrix -----------------------------------------------------------------

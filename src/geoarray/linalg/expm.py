@@ -40,7 +40,8 @@ def _expm_generic(A: Array, xp: Any, max_squarings: int) -> Array:
     eye_n = eye(n, A)
     norm1 = xp.max(xp.sum(xp.abs(A), axis=-2), axis=-1)  # (...,)
     # s = max(0, ceil(log2(‖A‖₁/θ₁₃))): the number of squarings, as an array (no host sync)
-    ratio = xp.maximum(norm1 / _THETA13, xp.asarray(1.0, dtype=A.dtype, device=_backend.device(A)))
+    scaled = norm1 / _THETA13
+    ratio = xp.maximum(scaled, xp.ones_like(scaled))  # ones_like, full: no copy from the host (a GPU sync)
     s = xp.ceil(xp.log2(ratio))
     scaled = A / xp.pow(2.0, s)[..., None, None]
 
@@ -59,7 +60,7 @@ def _expm_generic(A: Array, xp: Any, max_squarings: int) -> Array:
         base = xp.where(needed, R, eye_n)  # finished elements square I, so they cannot overflow
         R = xp.where(needed, base @ base, R)
     too_big = (s > max_squarings)[..., None, None]
-    return xp.where(too_big, xp.asarray(float("nan"), dtype=A.dtype, device=_backend.device(A)), R)
+    return xp.where(too_big, xp.full((), float("nan"), dtype=A.dtype, device=_backend.device(A)), R)
 
 
 def expm(A: Array, *, max_squarings: int = 16, impl: str = "auto") -> Array:

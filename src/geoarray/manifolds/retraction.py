@@ -103,7 +103,7 @@ def _phi1_taylor(X: Array, xp: Any, rule: tuple, shift: int = 1) -> Array:
                 part = part + c * P
             parts.append(part)
     else:
-        coeffs = xp.asarray([row[1:] for row in matrix], dtype=X.dtype, device=_device(X))
+        coeffs = _backend.host_constant(tuple(row[1:] for row in matrix), X, xp)  # made once per device
         stacked = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (n_chunks, ..., m, m)
         parts = [stacked[j, ...] for j in range(len(matrix))]
     U = parts[-1] + matrix[-1][0] * eye
@@ -116,10 +116,10 @@ def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     """φ₁(X) by scaling and doubling, given ``bound`` ≥ ‖X‖₁ per batch element: X_s = X/2ˢ with
     ‖X_s‖₁ ≤ θ, the Taylor polynomial of :func:`_phi1_taylor`, then φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) s times.
     Elements needing more than ``max_doublings`` come out NaN."""
-    one = xp.asarray(1.0, dtype=X.dtype, device=_device(X))
     rule = _phi1_rules(X, xp)[-1]
     theta = rule[2]
-    s = xp.ceil(xp.log2(xp.maximum(bound / theta, one)))
+    ratio = bound / theta
+    s = xp.ceil(xp.log2(xp.maximum(ratio, xp.ones_like(ratio))))
     s = xp.where(xp.isfinite(s), s, xp.zeros_like(s))  # NaN/Inf input: no doublings, NaN out
     Xs = X / xp.pow(2.0, s)[..., None, None]
     U = _phi1_taylor(Xs, xp, rule)
@@ -132,7 +132,7 @@ def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
         return _backend.addmm(U, U @ (Xs * scale[..., None, None]), U, xp, alpha=0.5)
 
     U = _backend.fori_loop(double, U, s, max_doublings, xp)
-    nan = xp.asarray(float("nan"), dtype=X.dtype, device=_device(X))
+    nan = xp.full((), float("nan"), dtype=X.dtype, device=_device(X))  # full: no copy from the host
     return xp.where((s > max_doublings)[..., None, None], nan, U)
 
 

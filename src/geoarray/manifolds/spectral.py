@@ -323,7 +323,8 @@ def stiefel_spectral_step(
     n = Y.shape[-1]
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
     # lr is an array argument, not a static one: a schedule would otherwise recompile every step on JAX
-    lr_arr = xp.asarray(float(lr), dtype=Y.dtype, device=_backend.device(Y))
+    # (full, not asarray: a Python number copied to a CUDA device is a synchronisation)
+    lr_arr = xp.full((), float(lr), dtype=Y.dtype, device=_backend.device(Y))
     degree = _series_degree(float(lr), xp.finfo(Y.dtype).eps)
     return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "direction", "degree")(
         Y, G, P, lr_arr, xp=xp, n_iter=n_iter, step=float(step), direction=bool(return_direction), degree=degree

@@ -192,7 +192,8 @@ class TransformerLM:
         if c.decoder:
             i = xp.arange(T, device=_device(h))
             causal = i[:, None] >= i[None, :]
-            scores = xp.where(causal, scores, xp.asarray(-xp.inf, dtype=scores.dtype, device=_device(h)))
+            # full, not asarray: a number copied from the host to a CUDA device is a synchronisation
+            scores = xp.where(causal, scores, xp.full((), -xp.inf, dtype=scores.dtype, device=_device(h)))
         scores = scores - xp.max(scores, axis=-1, keepdims=True)
         e = xp.exp(scores)
         attn = e / xp.sum(e, axis=-1, keepdims=True)
