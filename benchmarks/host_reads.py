@@ -1,8 +1,9 @@
 """What a step without host reads costs on the CPU, and how many reads each policy makes.
 
 ``geoarray.set_host_reads("never")`` makes an eager step do what it does on a GPU: no value is read to
-the host, the non-finite policy is a ``where`` and the retraction runs the top Taylor rule with a static
-budget of masked doublings. The default ``"cpu"`` reads where that is free (host memory) and does only
+the host, the non-finite policy is a ``where`` and the retraction runs a fixed route: for Adam the cheapest
+Taylor rule covering every step it can take (its velocity bound), for other optimizers the top rule with a
+static budget of masked doublings. The default ``"cpu"`` reads where that is free (host memory) and does only
 the work the values ask for. This script times both on the same weights, in the same process, and
 counts the reads (torch: ``aten._local_scalar_dense``, ``aten.item`` and ``aten.is_nonzero`` seen by a
 dispatch mode during one eager step) and all aten operations (on a GPU, about one kernel launch each).

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _backend, linalg
 from .._backend import device as _device
 
-__all__ = ["bjorck_step", "phi1", "retract_e", "retract_square", "retraction_kernel", "x_matrix"]
+__all__ = ["bjorck_step", "kernel_norm_bound", "phi1", "retract_e", "retract_square", "retraction_kernel", "x_matrix"]
 
 from .._typing import Array
 
@@ -47,6 +47,41 @@ SYNC_FREE_DOUBLINGS = 4
 
 def _phi1_rules(X: Array, xp: Any) -> tuple:
     return _PHI1_RULES["float64" if X.dtype == xp.float64 else "float32"]
+
+
+def kernel_norm_bound(N: int, n: int, entry_bound: float) -> float:
+    """θ ≥ ‖X_b‖₁ for the balanced kernel of :func:`retract_e` of every W ∈ g^hor of St(N, n) or Gr(N, n)
+    whose entries (of A and B) are at most ``entry_bound`` = b in magnitude: ‖½A‖₁ ≤ nb/2 (a column of n
+    entries), ‖c‖₁ = ‖(½A)² − BᵀB‖₁ ≤ (nb/2)² + n(N−n)b² (each entry of BᵀB a sum of N−n products, n per
+    column), and ‖X_b‖₁ ≤ ‖½A‖₁ + ‖c‖₁^½, the bound the kernel is evaluated for; times 1 + 2⁻¹⁰ for the
+    rounding of that bound's computation. Adam at lr η has b = η·C(β₁, β₂)
+    (:func:`geoarray.optim.transforms.adam_ratio_bound`): θ = 0.049 on the paper's ViT weights
+    (St(49, 7), η = 10⁻³, C = 2.345), 0.66 on St(1024, 64), 1.8 on St(4096, 128)."""
+    half = n / 2
+    return entry_bound * (half + math.sqrt(half * half + n * (N - n))) * (1 + 2.0**-10)
+
+
+def _static_route(X: Array, xp: Any, theta: float) -> tuple[tuple, int] | None:
+    """The cheapest fixed evaluation of φ₁ that covers ‖X‖₁ ≤ ``theta``: (the lowest rule whose θ does, 0),
+    else (the top rule, s) on X/2ˢ with s doublings; None beyond :data:`SYNC_FREE_DOUBLINGS` doublings."""
+    if not (theta >= 0 and math.isfinite(theta)):
+        return None
+    rules = _phi1_rules(X, xp)
+    for rule in rules:
+        if theta <= rule[2]:
+            return rule, 0
+    doublings = math.ceil(math.log2(theta / rules[-1][2]))
+    return (rules[-1], doublings) if doublings <= SYNC_FREE_DOUBLINGS else None
+
+
+def _phi1_fixed(X: Array, xp: Any, rule: tuple, doublings: int) -> Array:
+    """φ₁(X) by ``rule``'s Taylor polynomial of X/2ˢ and s = ``doublings`` unmasked doublings (s static):
+    to unit roundoff wherever ‖X‖₁ ≤ θ·2ˢ. The fewest operations a fixed route can take."""
+    Xs = X * (0.5**doublings) if doublings else X
+    U = _phi1_taylor(Xs, xp, rule)
+    for k in range(doublings):  # φ₁(2Z) = φ₁(Z) + ½ φ₁(Z) Z φ₁(Z) with Z = 2ᵏ X_s (exact scalings)
+        U = _backend.addmm(U, U @ (Xs * 2.0**k if k else Xs), U, xp, alpha=0.5)
+    return U
 
 
 # exp's Taylor polynomial Σ_{k≤m} X^k/k! for the square retraction (N = n, where g(W)E = exp(A)): the
@@ -136,7 +171,7 @@ def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     return xp.where((s > max_doublings)[..., None, None], nan, U)
 
 
-def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
+def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int, static_bound: float | None = None) -> Array:
     """φ₁(X) given ``bound`` ≥ ‖X‖₁ per batch element, by the cheapest exact route for the largest bound:
     the lowest-degree Taylor rule whose θ covers it (no scaling, doubling or masking: an optimizer step
     takes 2 products in float32 instead of 4 plus ~20 small operations), or beyond the last θ (and for
@@ -146,11 +181,22 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
     read to the host once (the one host read of a retraction, which the doubling loop needs anyway); on
     JAX a ``lax.switch`` runs the chosen branch only; under ``torch.compile`` the scaled route always
     runs. Eager torch and CuPy without host reads do fixed work: the top rule and a static budget of
-    :data:`SYNC_FREE_DOUBLINGS` masked doublings (elements needing more come out NaN).
+    :data:`SYNC_FREE_DOUBLINGS` masked doublings (elements needing more come out NaN) — unless
+    ``static_bound``, a Python float known on the host to be ≥ every element's ``bound`` (an optimizer
+    whose steps are bounded whatever its gradients: :func:`kernel_norm_bound`), names a cheaper fixed route:
+    the lowest rule covering it, with the fewest unmasked doublings (:func:`_phi1_fixed`; for Adam on the
+    paper's ViT weights in float32 the degree-5 rule, 3 products, instead of the degree-8 rule and four
+    masked doublings, 12 products and ~30 small operations). An element beyond the route's reach (which
+    the bound excludes) comes out NaN, as beyond the doubling budget. The other routes ignore it.
     All routes are accurate to unit roundoff, so the results agree to rounding.
     """
     if not _backend.is_jax(xp) and not _backend.is_traced(bound) and not _backend.host_reads_allowed(bound):
-        return _phi1_scaled(X, bound, xp, min(max_doublings, SYNC_FREE_DOUBLINGS))
+        route = _static_route(X, xp, static_bound) if static_bound is not None else None
+        if route is None:
+            return _phi1_scaled(X, bound, xp, min(max_doublings, SYNC_FREE_DOUBLINGS))
+        rule, doublings = route
+        nan = xp.full((), float("nan"), dtype=X.dtype, device=_device(X))
+        return xp.where((bound > rule[2] * 2.0**doublings)[..., None, None], nan, _phi1_fixed(X, xp, rule, doublings))
     rules = _phi1_rules(X, xp)
     largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
     branches: list[Callable[[Any], Any]] = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
@@ -211,7 +257,9 @@ def retraction_kernel(halfA: Array, gram: Array, xp: Any, method: str, max_doubl
     return xp.linalg.solve(eye - X / 2, xp.broadcast_to(eye, X.shape))
 
 
-def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
+def retract_e(
+    halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_doublings: int, static_bound: float | None = None
+) -> tuple[Array, Array]:
     """The two row blocks of g(W)E: E-rows I + ½A·D₁ + D₂ (k×k) and the other rows B·D₁, where
     D = φ₁(X)[I; ½A] (geodesic) or (I − ½X)⁻¹[I; ½A] (Cayley).
 
@@ -219,6 +267,8 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     X_b = [[a, αI], [c/α, a]] = D⁻¹XD with D = diag(I, αI), α = ‖c‖₁^½ (as :func:`phi1` would
     balance it), so that D = D·φ₁(X_b)·[I; a/α] and ‖X_b‖₁ ≤ ‖a‖₁ + ‖c‖₁^½ = O(‖W‖): an optimizer
     step needs no doubling. The bound, not the norm of X_b, sets the scaling (one reduction fewer).
+    ``static_bound``: a host float ≥ that bound for every element (:func:`kernel_norm_bound`), which lets a
+    step without host reads take the cheapest fixed route (:func:`_phi1_bounded`).
     """
     k = halfA.shape[-1]
     if method != "geodesic":
@@ -234,7 +284,7 @@ def retract_e(halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_
     alpha = alpha0[..., None, None]
     eye = linalg.eye(k, halfA)  # unbatched: it broadcasts
     Xb = xp.concat([xp.concat([halfA, alpha * eye], axis=-1), xp.concat([low / alpha, halfA], axis=-1)], axis=-2)
-    U = _phi1_bounded(Xb, _norm1(halfA, xp) + alpha0, xp, max_doublings)
+    U = _phi1_bounded(Xb, _norm1(halfA, xp) + alpha0, xp, max_doublings, static_bound)
     # D = U·[I; a/α] = U[:, :k] + U[:, k:]·a/α: one product, and no [I; a/α] to assemble
     D = _backend.addmm(U[..., :, :k], U[..., :, k:], halfA / alpha, xp)
     D_top = D[..., :k, :]

@@ -36,7 +36,7 @@ from .._backend import as_namespace
 from .._backend import device as _device
 from .base import RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
-from .retraction import bjorck_step, retract_e, retract_square, retraction_kernel
+from .retraction import bjorck_step, kernel_norm_bound, retract_e, retract_square, retraction_kernel
 from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, householder_section
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
@@ -49,11 +49,14 @@ def _retract_e(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: i
     return xp.concat(list(_retract_blocks(halfA, B, xp=xp, method=method, max_doublings=max_doublings)), axis=-2)
 
 
-def _retract_blocks(halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int) -> tuple[Array, Array]:
+def _retract_blocks(
+    halfA: Array, B: Array, *, xp: Any, method: str, max_doublings: int, static_bound: float | None = None
+) -> tuple[Array, Array]:
     """The E-rows and the other rows of g(W)E, unassembled (for :meth:`OrthonormalFrames.apply_retraction`)."""
     if B.shape[-2] == 0:  # N = n: no other rows, g(W)E = g(A) is n×n (no 2n×2n kernel)
         return retract_square(halfA, xp=xp, method=method, max_doublings=max_doublings), B
-    return retract_e(halfA, xp.matrix_transpose(B) @ B, B, xp=xp, method=method, max_doublings=max_doublings)
+    gram = xp.matrix_transpose(B) @ B
+    return retract_e(halfA, gram, B, xp=xp, method=method, max_doublings=max_doublings, static_bound=static_bound)
 
 
 def _transport(
@@ -260,20 +263,35 @@ class OrthonormalFrames(Manifold):
         kernel = _backend.compiled(_retract_e, xp, "xp", "method", "max_doublings")
         return kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
 
-    def apply_retraction(self, lam: Any, W: Any, method: str | None = None) -> Array:
+    def apply_retraction(
+        self, lam: Any, W: Any, method: str | None = None, *, velocity_bound: float | None = None
+    ) -> Array:
         """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
         with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step. A
         float32 result ends with one Björck step (:func:`~geoarray.manifolds.retraction.bjorck_step`),
         except from a packed section, whose application is accurate enough without it, and from the
-        square section, which took that step on Y already."""
+        square section, which took that step on Y already.
+
+        ``velocity_bound``: a Python float b ≥ the magnitude of every entry of W's A and B (an optimizer whose steps are
+        bounded whatever its gradients says so: :class:`~geoarray.optim.RiemannianOptimizer`), with which a
+        step without host reads (a GPU's) evaluates φ₁ by the cheapest fixed route that covers every such W
+        (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN."""
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
         self._check_trailing(lam.Y, "lam.Y", (self.N, self.n))  # a section of another manifold
         method = self._method(method)
-        kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings")
-        top, bottom = kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
+        static = None
+        # only the eager route without host reads uses it (JAX and traced steps choose on the device):
+        # elsewhere it is left out of the compiled kernel's static arguments, which it would only multiply
+        eager = not _backend.is_jax(xp) and not _backend.is_traced(W.B)
+        if velocity_bound is not None and method == "geodesic" and eager:
+            static = kernel_norm_bound(self.N, self.n, float(velocity_bound))
+        kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings", "static_bound")
+        top, bottom = kernel(
+            self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings, static_bound=static
+        )
         Y = lam.apply_blocks(top, bottom)
         # float32: applying the compact-WY section leaves |YᵀY − I| ≈ 30 roundoffs at every step, the
         # Björck step ≈ 6; LAPACK's packed application (ormqr) ≈ 10 already, where it is not worth its cost

@@ -23,6 +23,7 @@ from .transforms import (
     check_unit_interval,
     count_as_float,
     keep_state,
+    scaled_bound,
     zero_count,
     zeros_like_tree,
 )
@@ -92,7 +93,7 @@ def scale(step_size: float) -> GradientTransformation:
             return updates, state
         return optree.tree_map(lambda u: factor * u, updates), state
 
-    return GradientTransformation(init, update, reframe=keep_state)
+    return GradientTransformation(init, update, reframe=keep_state, bound=scaled_bound(factor))
 
 
 def scale_by_torch_adam(

@@ -22,6 +22,7 @@ Any optax transform obeys the same protocol and can be used instead.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
@@ -42,6 +43,7 @@ __all__ = [
     "ScaleByBFGSState",
     "ScaleByMomentumState",
     "ScaleByScheduleState",
+    "adam_ratio_bound",
     "add_decayed_weights",
     "chain",
     "clip_by_global_norm",
@@ -67,12 +69,22 @@ class GradientTransformation(NamedTuple):
     maps a tree shaped like the updates to the new frame, exactly for quantities linear in the
     gradients (``degree=1``) and for elementwise second moments (``degree=2``) through their square
     root. ``None``: the state cannot be re-expressed (the strategy is then refused).
+
+    ``bound(b) -> float | None`` is a bound on the entries of the updates ``update`` returns, given the
+    bound ``b`` on those of its input updates (``None``: unbounded or unknown), valid at every step for
+    any gradients; a Python float computed on the host from the configuration (and a rate that holds now,
+    :func:`scale_by_learning_rate`), never from array values. Adam's direction is bounded whatever its
+    gradients (:func:`adam_ratio_bound`), so ``chain(scale_by_adam(), scale_by_learning_rate(η))``
+    bounds every entry of its velocity by η·C(β₁, β₂): the retraction then knows, without reading any
+    array, the cheapest φ₁ polynomial that covers every step (:func:`~geoarray.optim.riemannian`).
+    ``None`` (the default, and any transform without the field): no bound is known.
     """
 
     init: Callable[[Any], Any]
     update: Callable[..., tuple[Any, Any]]
     uses_params: bool = False
     reframe: Callable[[Any, Callable[[Any, int], Any]], Any] | None = None
+    bound: Callable[[float | None], float | None] | None = None
 
 
 class EmptyState(NamedTuple):
@@ -210,7 +222,51 @@ def chain(*transforms: Any) -> GradientTransformation:
     def reframe(state: tuple, rotate: Callable[[Any, int], Any]) -> tuple:
         return tuple(r(s, rotate) for r, s in zip(rules, state, strict=True))
 
-    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None)
+    bounds = [getattr(t, "bound", None) for t in transforms]
+
+    def bound(b: float | None) -> float | None:
+        for rule in bounds:  # a transform without a bound rule knows nothing of its output
+            b = rule(b) if rule is not None else None
+        return b
+
+    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None, bound)
+
+
+def scaled_bound(factor: float) -> Callable[[float | None], float | None]:
+    """The bound rule of a transform that multiplies its updates by ``factor``: b ↦ |factor|·b."""
+    return lambda b: None if b is None else abs(factor) * b
+
+
+def keep_bound(b: float | None) -> float | None:
+    """The bound rule of a transform that never enlarges an entry (clipping): b ↦ b."""
+    return b
+
+
+@functools.cache
+def adam_ratio_bound(beta1: float, beta2: float) -> float | None:
+    """C(β₁, β₂) = sup over steps t and all gradient sequences of ``|m̂ₜ|/√v̂ₜ``, Adam's bias-corrected moments
+    (each entry separately; ``None`` where β₁² ≥ β₂, when no such bound exists).
+
+    With mₜ = (1−β₁)Σₖ β₁ᵏ g₍ₜ₋ₖ₎ and vₜ = (1−β₂)Σₖ β₂ᵏ g²₍ₜ₋ₖ₎ (k < t), Cauchy–Schwarz on
+    β₁ᵏ = (β₁/√β₂)ᵏ·√β₂ᵏ gives ``|mₜ| ≤ (1−β₁)·√((1−ρᵗ)/(1−ρ))·√(vₜ/(1−β₂))``, ρ = β₁²/β₂, so::
+
+        |m̂ₜ|/√v̂ₜ ≤ f(t) = (1−β₁)/√(1−β₂) · √((1−ρᵗ)/(1−ρ)) · √(1−β₂ᵗ)/(1−β₁ᵗ),
+
+    attained by gradients proportional to (β₁/β₂)ᵏ. f(1) = 1; f(∞) = (1−β₁)/√((1−β₂)(1−ρ)), 2.345 for
+    the paper's β = (0.9, 0.99) and 7.27 for (0.9, 0.999). The supremum over integer t is taken on the
+    host, t = 1, 2, … until ρᵗ, β₁ᵗ and β₂ᵗ are below 10⁻⁶, beyond which f stays within 10⁻⁶ of f(∞).
+    A regulariser (δ inside the root, ε outside) only shrinks the ratio.
+    """
+    if not beta2 > beta1 * beta1:
+        return None
+    rho = beta1 * beta1 / beta2
+    scale = (1 - beta1) / math.sqrt((1 - beta2) * (1 - rho))
+    largest = max(rho, beta1, beta2)
+    steps = 1 if largest == 0 else math.ceil(math.log(1e-6) / math.log(largest))
+    best = 1.0
+    for t in range(1, steps + 1):
+        best = max(best, scale * math.sqrt((1 - rho**t) * (1 - beta2**t)) / (1 - beta1**t))
+    return max(best, scale / (1 - 1e-6))
 
 
 def keep_state(state: Any, rotate: Callable[[Any, int], Any]) -> Any:
@@ -241,7 +297,9 @@ def scale_by_adam(
 
     With the paper's δ = 3·10⁻⁷ inside the root the effective ε is √δ ≈ 5.5·10⁻⁴.
     Elementwise arithmetic on a horizontal element treats a_ij and a_ji alike, so the direction of a
-    skew A-block stays skew.
+    skew A-block stays skew. Every entry of the direction is at most :func:`adam_ratio_bound` (β₁, β₂)
+    in magnitude, whatever the gradients (the transform's ``bound``; a state rotated by a reframe rule
+    is no longer such a pair of averages, and the Riemannian wrapper then ignores the bound).
     """
     b1 = check_unit_interval(beta1, "beta1")
     b2 = check_unit_interval(beta2, "beta2")
@@ -294,7 +352,8 @@ def scale_by_adam(
     def reframe(state: ScaleByAdamState, rotate: Callable[[Any, int], Any]) -> ScaleByAdamState:
         return ScaleByAdamState(state.count, rotate(state.mu, 1), rotate(state.nu, 2))
 
-    return GradientTransformation(init, update, reframe=reframe)
+    ratio = adam_ratio_bound(b1, b2)  # whatever the input's scale: the direction is scale-free
+    return GradientTransformation(init, update, reframe=reframe, bound=lambda b: ratio)
 
 
 def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
@@ -321,7 +380,9 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     """updates ← −η(t)·updates: the velocity W = −η·direction of Algorithm 1.
 
     ``lr`` is a positive number or a schedule, a function of the step t = 1, 2, … (a floating 0-d
-    array of each leaf's dtype; see :mod:`geoarray.optim.schedules`).
+    array of each leaf's dtype; see :mod:`geoarray.optim.schedules`). A constant rate scales the
+    transform's ``bound`` by η; a schedule keeps no bound, unless it has a ``host_value()`` method that
+    gives the rate in force as a Python float (``geoarray.torch``'s rate read from a param group).
     """
     if callable(lr):
         schedule = lr
@@ -334,7 +395,14 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
             out = optree.tree_map(lambda u: -schedule(count_as_float(count, u)) * u, updates)
             return out, ScaleByScheduleState(_backend.as_array(count))
 
-        return GradientTransformation(init, update, reframe=keep_state)
+        host_value = getattr(schedule, "host_value", None)
+        bound = None
+        if callable(host_value):  # the rate that holds now, on the host: b ↦ |η|·b at this step
+
+            def bound(b: float | None) -> float | None:
+                return None if b is None else abs(float(host_value())) * b
+
+        return GradientTransformation(init, update, reframe=keep_state, bound=bound)
 
     rate = float(as_schedule(lr)(1))
 
@@ -344,7 +412,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
         return optree.tree_map(lambda u: -rate * u, updates), state
 
-    return GradientTransformation(init_const, update_const, reframe=keep_state)
+    return GradientTransformation(init_const, update_const, reframe=keep_state, bound=scaled_bound(rate))
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:
@@ -406,7 +474,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         factor = max_norm / safe
         return optree.tree_map(lambda u: u * xp.astype(factor, u.dtype), updates), state
 
-    return GradientTransformation(init, update, reframe=keep_state)
+    return GradientTransformation(init, update, reframe=keep_state, bound=keep_bound)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,6 +88,11 @@ class LiveHyperparameter:
             value = value.item()
         return value if self.reference == 1.0 else value / self.reference
 
+    def host_value(self) -> float:
+        """The value in force now, a Python float: the step's rate for the bound a transform gives its
+        updates (:class:`geoarray.optim.transforms.GradientTransformation`'s ``bound``)."""
+        return float(self())
+
 
 def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
     """``transform`` with its output multiplied by ``factor()`` read at every step, and the same state
@@ -99,8 +104,14 @@ def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformatio
         f = factor()
         return (out if f == 1.0 else optree.tree_map(lambda u: f * u, out)), state
 
+    inner = getattr(transform, "bound", None)
+
+    def bound(b: float | None) -> float | None:
+        out = inner(b) if inner is not None else None
+        return None if out is None else abs(float(factor())) * out
+
     return GradientTransformation(
-        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None)
+        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None), bound
     )
 
 
