@@ -272,10 +272,10 @@ class OrthonormalFrames(Manifold):
         except from a packed section, whose application is accurate enough without it, and from the
         square section, which took that step on Y already.
 
-        ``velocity_bound``: a Python float b ≥ the magnitude of every entry of W's A and B (an optimizer whose steps are
-        bounded whatever its gradients says so: :class:`~geoarray.optim.RiemannianOptimizer`), with which a
-        step without host reads (a GPU's) evaluates φ₁ by the cheapest fixed route that covers every such W
-        (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN."""
+        ``velocity_bound``: a Python float b ≥ the magnitude of every entry of W's A and B (an optimizer
+        whose steps are bounded whatever its gradients says so: :class:`~geoarray.optim.RiemannianOptimizer`),
+        with which a step without host reads (a GPU's) evaluates φ₁ by the cheapest fixed route that covers
+        every such W (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN."""
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)
