@@ -181,9 +181,12 @@ def bench_torch(name: str, args) -> dict:
             except Exception as exc:
                 row[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     for impl in ("fused", "foreach"):
-        leaves = [p.detach().clone().requires_grad_(True) for p in optree.tree_leaves(params)]
+        # row-major copies: a QR's Q comes out column-major, and fused Adam needs a weight and its
+        # gradient in the same strides (on the first lease it refused them: "same dtype, device, and layout")
+        row_major = {"memory_format": torch.contiguous_format}
+        leaves = [p.detach().clone(**row_major).requires_grad_(True) for p in optree.tree_leaves(params)]
         for leaf, g in zip(leaves, optree.tree_leaves(grads), strict=True):
-            leaf.grad = g.clone()
+            leaf.grad = g.clone(**row_major)
         try:
             fns[f"adam_{impl}"] = torch.optim.Adam(leaves, lr=1e-3, betas=(0.9, 0.99), **{impl: True}).step
         except (RuntimeError, ValueError) as exc:  # fused Adam needs a device that has it

@@ -39,7 +39,10 @@ def load_backend(name: str) -> Backend:
     if name == "array-api-strict":
         import array_api_strict as xp
 
-        return Backend(name, xp, xp.Device("CPU_DEVICE"))
+        # not the default device: a creation call that forgets device= (its array lands on CPU_DEVICE and
+        # cannot be combined with the inputs) and an implicit conversion to NumPy (refused off the CPU)
+        # fail here as they would on a GPU
+        return Backend(name, xp, xp.Device("device1"))
     if name in ("torch", "torch-cuda"):
         import array_api_compat.torch as xp
         import torch
@@ -55,7 +58,8 @@ def load_backend(name: str) -> Backend:
             # default for matrix products is full float32 already, for cuDNN it is TF32)
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-            return Backend(name, xp, torch.device("cuda"))
+            # the index spelled out: tensors report cuda:0, and torch.device("cuda") != torch.device("cuda", 0)
+            return Backend(name, xp, torch.device("cuda", torch.cuda.current_device()))
         return Backend(name, xp, torch.device("cpu"))
     if name in ("jax", "jax-cuda"):
         if name == "jax":
@@ -131,8 +135,10 @@ def assert_close(
     )
     if isinstance(desired, np.ndarray):
         desired = np.array(desired)  # a writeable copy (torch warns on read-only NumPy views)
-        dt = geoarray.resolve_dtype(xp, dtype, device)
-        desired = xp.asarray(desired, dtype=dt) if device is None else xp.asarray(desired, dtype=dt, device=device)
+        # on the expected device, or on actual's: a reference computed on the host is compared where the
+        # result lives (a GPU result against a CPU array would fail on the device check alone)
+        where = _backend.device(actual) if device is None else device
+        desired = xp.asarray(desired, dtype=geoarray.resolve_dtype(xp, dtype, where), device=where)
     elif dtype is not None:
         assert actual.dtype == dtype, f"result has dtype {actual.dtype}, expected {dtype}"
     if device is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import geoarray
-from _helpers import asarray, assert_close, to_numpy
+from _helpers import asarray, assert_agree, assert_close, to_numpy
 from geoarray import _backend, linalg
 
 
@@ -117,6 +117,38 @@ def test_integer_inputs_raise_type_error(xp, device, fn):
         fn(a)
 
 
+def test_solve_inv_and_clip_equal_the_namespaces_own(xp, device):
+    """_backend.solve, inv and clip (which on torch and CuPy leave out a host check or a boolean mask)
+    agree with xp.linalg.solve, xp.linalg.inv and xp.clip to AGREE_RTOL; on torch a singular matrix gives
+    non-finite entries instead of an error (nothing is read back to raise it)."""
+    A = asarray([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]], xp, device)
+    B = asarray([[1.0, 2.0], [0.0, -1.0], [3.0, 0.5]], xp, device)
+    assert_agree(_backend.solve(A, B, xp), xp.linalg.solve(A, B))
+    assert_agree(_backend.inv(A, xp), xp.linalg.inv(A))
+    x = asarray([-2.0, -0.5, 0.0, 0.5, 2.0], xp, device)
+    assert_agree(_backend.clip(x, xp, min=-1.0, max=1.0), xp.clip(x, min=-1.0, max=1.0))
+    assert_agree(_backend.clip(x, xp, min=0.0), xp.clip(x, min=0.0))
+    if _backend.is_torch(xp):
+        singular = asarray([[1.0, 2.0], [2.0, 4.0]], xp, device)
+        assert not np.all(np.isfinite(to_numpy(_backend.inv(singular, xp))))
+
+
+def test_the_cupy_sign_and_clip_keep_the_array_apis_meaning(monkeypatch):
+    """CuPy's own sign maps NaN to 0 and array-api-compat repairs it through a boolean mask (a host wait
+    on the GPU); the CuPy paths use where/maximum/minimum instead. Checked with NumPy standing in for
+    CuPy (the same functions, the same semantics), since no GPU is needed to check the logic."""
+    from geoarray._backend import kernels
+
+    monkeypatch.setitem(sys.modules, "cupy", np)
+    x = np.array([np.nan, -3.0, -0.0, 0.0, 2.5])
+    np.testing.assert_array_equal(kernels._sign_cupy(x), np.array([np.nan, -1.0, 0.0, 0.0, 1.0]))
+    np.testing.assert_array_equal(kernels._sign_cupy(np.array([-2, 0, 5])), np.array([-1, 0, 1]))
+    y = np.array([-2.0, -0.5, 0.5, 2.0])
+    np.testing.assert_array_equal(kernels._clip_cupy(y, -1.0, 1.0), np.array([-1.0, -0.5, 0.5, 1.0]))
+    np.testing.assert_array_equal(kernels._clip_cupy(y, 0.0, None), np.array([0.0, 0.0, 0.5, 2.0]))
+    np.testing.assert_array_equal(kernels._clip_cupy(y, None, 0.0), np.array([-2.0, -0.5, 0.0, 0.0]))
+
+
 def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("expm") == ["jax", "numpy", "torch"]
     assert _backend.fast_path_backends("geqrf") == ["jax", "numpy", "torch"]
@@ -128,7 +160,10 @@ def test_fast_path_registry(backend):
     assert _backend.fast_path_backends("split") == ["torch"]
     assert _backend.fast_path_backends("eye") == ["torch"]
     assert _backend.fast_path_backends("norm1") == ["numpy", "torch"]
-    assert _backend.fast_path_backends("sign") == ["torch"]
+    assert _backend.fast_path_backends("sign") == ["cupy", "torch"]
+    assert _backend.fast_path_backends("clip") == ["cupy"]
+    assert _backend.fast_path_backends("solve") == ["torch"]
+    assert _backend.fast_path_backends("inv") == ["torch"]
     # expm natives are opt-in (the generic path is the accurate one), geqrf natives are automatic
     assert _backend.fast_path("expm", backend.xp) is None
     assert (_backend.fast_path("geqrf", backend.xp) is None) == (backend.kind not in ("jax", "numpy", "torch"))
@@ -396,6 +431,11 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     form = _backend.householder_section_form
     torch, jax = backend.kind == "torch", backend.kind == "jax"
     assert form((16, 49, 7), xp) == ("packed" if torch else "compact-wy")
+    if torch:  # not on a GPU, where ormqr is one cuSOLVER call per frame
+        import torch as torch_module
+
+        assert form((16, 49, 7), xp, torch_module.device("cpu")) == "packed"
+        assert form((16, 49, 7), xp, torch_module.device("cuda", 0)) == "compact-wy"
     assert form((15, 49, 7), xp) == "compact-wy"
     assert form((16, 96, 33), xp) == "compact-wy"
     assert form((4096, 128), xp) == ("reconstructed" if jax else "compact-wy")

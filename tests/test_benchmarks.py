@@ -249,7 +249,8 @@ def test_ab_step_against_head(bench_backend, tmp_path):
         pytest.skip("ab_step.py exports the base revision with git: this is not a git checkout")
     script = os.path.join(BENCH_DIR, "ab_step.py")
     path = tmp_path / "ab.json"
-    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(BENCH_DIR), "src")}
+    src = os.path.join(os.path.dirname(BENCH_DIR), "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
     run = subprocess.run(
         [sys.executable, script, "--base", "HEAD", "--sets", "tiny", "--steps", "2", "--json", str(path)],
         capture_output=True, text=True, env=env, timeout=300,

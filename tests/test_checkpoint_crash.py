@@ -194,6 +194,12 @@ def test_kill_at_every_file_system_call_then_resume_bit_identically(xp, device, 
         )
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork (POSIX)")
+    if backend.name in ("cupy", "torch-cuda"):
+        pytest.skip(
+            "a child forked from a process that has initialised CUDA cannot use CUDA (cudaErrorInitializationError, "
+            "measured on an H200); checkpoints are written from host copies, so the CPU sessions' kill sweep covers "
+            "the same files"
+        )
     t_start = time.perf_counter()
     final = _run(xp, device)
     per_step = {s: _host((r.params, r.opt_state)) for s in range(1, EPOCHS * 3 + 1) for r in [_stopped(xp, device, s)]}

@@ -11,7 +11,7 @@ Checked on every backend:
 * a float32 retraction of an Adam-sized step lands within 8e-7 of orthonormal (≈ 13 float32 unit
   roundoffs), also from a point that has drifted to 1e-4 (the section does not carry the drift over,
   and neither does the Björck step). Without the Björck step this fails on NumPy, array-api-strict and
-  JAX (compact-WY section: 1.4–1.7e-6); eager torch with 16 or more frames uses the packed section
+  JAX (compact-WY section: 1.4–1.7e-6); eager torch on the CPU with 16 or more frames uses the packed section
   (LAPACK's ormqr), which leaves ≈ 6e-7 and takes no Björck step;
 * float64 retractions never call it (patched to raise), so float64 trajectories are what they were.
 """

@@ -33,6 +33,13 @@ READS = {"_local_scalar_dense", "item", "is_nonzero"}
 # host data (torch copies it to a CUDA device synchronously, pytorch/pytorch#120996) and an output whose
 # shape depends on the data (the host waits for the count), boolean-mask indexing included
 WAITS = {"lift_fresh", "lift_fresh_copy", "nonzero", "masked_select", "masked_scatter"}
+# and torch's linear algebra that checks LAPACK's/cuSOLVER's ``info`` on the host: linalg.solve, inv and
+# cholesky end in ``_linalg_check_errors`` (their ``_ex`` forms do not); eigh and svd check inside their
+# kernels, with no unchecked form, so they are counted themselves
+WAITS |= {"_linalg_check_errors", "_linalg_eigh", "_linalg_svd"}
+# manifold Muon's dual ascent takes dual_iterations + 1 n×n eigh per matrix and step; torch has no eigh
+# that leaves ``info`` on the device (no linalg.eigh_ex), so on a CUDA device each one waits
+EIGH_WAITS = "torch's eigh checks cuSOLVER's info on the host (there is no linalg.eigh_ex)"
 
 
 @pytest.fixture
@@ -196,6 +203,8 @@ def test_an_eager_torch_step_reads_nothing_to_the_host(backend, xp, device, poli
     policy("never")
     for _ in range(2):
         waits, (params, state) = host_waits(lambda: opt.update(params, grads(params), state))  # noqa: B023
+        if name == "ManifoldMuon":  # EIGH_WAITS: every wait is an eigh, nothing else
+            waits = [w for w in waits if not w.startswith("_linalg_eigh")]
         assert not waits, f"{name}: {len(waits)} host reads or waits in one eager step: {waits}"
 
 
@@ -265,7 +274,10 @@ def test_the_torch_adapter_steps_read_nothing_to_the_host(backend, xp, device, p
             for _ in range(3):
                 opt.zero_grad()
                 torch.sin(W @ B).sum().backward()
-                counts.append(count_host_reads(opt.step)[0])
+                seen, _ = host_waits(opt.step)
+                if name == "ManifoldMuon":  # EIGH_WAITS
+                    seen = [w for w in seen if not w.startswith("_linalg_eigh")]
+                counts.append(len(seen))
             if mode == "never":
                 # the first step builds the state, checking that each point is on its manifold
                 assert counts[1:] == [0, 0], f"{name}: host reads per step {counts}"
@@ -379,6 +391,8 @@ def test_a_gpu_step_does_not_synchronise(backend, xp, device, name):
     nothing more than the state, which init does on the host)."""
     if backend.name not in ("torch-cuda", "cupy"):
         pytest.skip(f"{backend.name} runs on the host: there is no device stream to synchronise with")
+    if name == "ManifoldMuon" and backend.kind == "torch":
+        pytest.xfail(f"manifold Muon waits for each eigh on a CUDA device: {EIGH_WAITS}")
     params, mans, grads = _problem(xp, device, drop=DROP.get(name, ()))
     opt = OPTIMIZERS[name]()
     state = opt.init(params, mans)

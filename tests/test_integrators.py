@@ -5,11 +5,12 @@ import math
 import numpy as np
 import pytest
 
+from _helpers import to_numpy
 from geoarray.data import ConvergenceError, implicit_midpoint, stormer_verlet, systems
 
 
 def _final(traj):
-    return np.asarray(traj[..., -1, :])
+    return to_numpy(traj[..., -1, :])
 
 
 @pytest.mark.parametrize("method", ["newton", "fixed_point"])
@@ -35,14 +36,14 @@ def test_rigid_body_invariants_conserved(xp):
     z0 = systems.rigid_body_initial_conditions(xp=xp)[::100, ...]
     traj = systems.rigid_body_trajectories(z0, 50)
     norm, energy = systems.rigid_body_invariants(traj)
-    assert np.abs(np.asarray(norm) - 1).max() < 1e-11
-    e = np.asarray(energy)
+    assert np.abs(to_numpy(norm) - 1).max() < 1e-11
+    e = to_numpy(energy)
     assert np.abs(e - e[:, :1]).max() < 1e-11
 
 
 def test_oscillator_energy_bounded_by_verlet(xp):
     z0 = systems.coupled_oscillator_initial_conditions(3, xp=xp)
-    H = np.asarray(systems.coupled_oscillator_hamiltonian(systems.coupled_oscillator_trajectories(z0, 400)))
+    H = to_numpy(systems.coupled_oscillator_hamiltonian(systems.coupled_oscillator_trajectories(z0, 400)))
     # symplectic: the energy error oscillates with amplitude O(Δt²) and does not grow
     assert np.abs(H - H[:, :1]).max() < 0.1
     first, last = np.abs(H[:, 1:200] - H[:, :1]).max(), np.abs(H[:, 200:] - H[:, :1]).max()
@@ -51,7 +52,7 @@ def test_oscillator_energy_bounded_by_verlet(xp):
 
 def test_harmonic_oscillator_matches_exact_rotation(xp):
     z0 = xp.asarray([[1.0, 0.0]], dtype=xp.float64)
-    traj = np.asarray(systems.harmonic_oscillator_trajectories(z0, 100, dt=0.01))
+    traj = to_numpy(systems.harmonic_oscillator_trajectories(z0, 100, dt=0.01))
     assert np.abs(traj[0, -1] - [math.cos(1.0), -math.sin(1.0)]).max() < 1e-4
 
 

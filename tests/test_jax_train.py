@@ -18,13 +18,15 @@ def _jax_only(backend):
 
 def test_import_geoarray_does_not_import_jax():
     """``import geoarray`` stays free of JAX; ``geoarray.jax`` is reached lazily (checked in a fresh interpreter)."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     src = str(Path(ga.__file__).resolve().parents[1])
     code = "import sys, geoarray; assert 'jax' not in sys.modules; import geoarray.jax; assert 'jax' in sys.modules"
-    env = {"PYTHONPATH": src, "JAX_PLATFORMS": "cpu", "PATH": ""}
+    # the interpreter's own path carried over: a machine may provide the dependencies through PYTHONPATH
+    env = {"PYTHONPATH": os.pathsep.join([src, *sys.path]), "JAX_PLATFORMS": "cpu", "PATH": ""}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
 
 

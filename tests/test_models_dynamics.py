@@ -4,6 +4,7 @@ differences, iterate."""
 import numpy as np
 import pytest
 
+from _helpers import to_numpy
 from _layer_checks import check_pullback, jacobian, perturbed_params, random_input, symplectic_form
 from geoarray import models
 
@@ -73,8 +74,8 @@ def test_iterate_rolls_windows_forward(xp, device):
     assert out.shape == (2, T + 7, 4)
     y1 = model.apply(params, x)
     y2 = model.apply(params, y1)
-    np.testing.assert_allclose(np.asarray(out[:, T : 2 * T, :]), np.asarray(y1), rtol=1e-13, atol=1e-13)
-    np.testing.assert_allclose(np.asarray(out[:, 2 * T : 3 * T, :]), np.asarray(y2), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(out[:, T : 2 * T, :]), to_numpy(y1), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(out[:, 2 * T : 3 * T, :]), to_numpy(y2), rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="initial_window"):
         models.iterate(model, params, x[:, :2, :], 3)
 

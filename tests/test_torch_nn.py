@@ -106,7 +106,8 @@ def test_analytic_pullback_equals_autograd(torch, gt, device, name):
 def test_generic_module_wraps_any_layer_contract_object(torch, gt, device):
     class Scale:  # duck-typed: not a geoarray.nn.Layer subclass
         def init(self, seed, *, xp, dtype=None, device=None):
-            return {"Y": geoarray.Stiefel(4, 2).random(seed, xp=xp, dtype=dtype, device=device), "s": xp.ones(2)}
+            Y = geoarray.Stiefel(4, 2).random(seed, xp=xp, dtype=dtype, device=device)
+            return {"Y": Y, "s": xp.ones(2, dtype=Y.dtype, device=device)}
 
         def manifolds(self):
             return {"Y": geoarray.Stiefel(4, 2), "s": None}

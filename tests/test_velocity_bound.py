@@ -230,6 +230,26 @@ def test_a_velocity_beyond_its_promised_bound_is_skipped_and_counted(backend, xp
         assert M.is_point(taken[name], atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    ("bound", "error", "match"),
+    [
+        ("1.0", TypeError, r"velocity_bound must be a Python float .* got str '1.0'; pass float\(b\)"),
+        (True, TypeError, r"velocity_bound must be a Python float .* got bool True"),
+        (-1.0, ValueError, r"velocity_bound must be a finite number >= 0, got -1.0"),
+        (float("nan"), ValueError, r"velocity_bound must be a finite number >= 0, got nan"),
+    ],
+)
+def test_a_bad_velocity_bound_is_refused_by_name(xp, device, bound, error, match):
+    """apply_retraction names velocity_bound, its value and the fix, before it computes anything."""
+    M = Stiefel(6, 2)
+    Y = M.random(0, xp=xp, device=device)
+    lam = M.global_section(Y)
+    W = M.global_rep(lam, M.rgrad(Y, geoarray.random.normal(1, (6, 2), xp=xp, device=device, scale=1e-2)))
+    with pytest.raises(error, match=match):
+        M.apply_retraction(lam, W, velocity_bound=bound)
+    assert M.is_point(M.apply_retraction(lam, W, velocity_bound=2.0), atol=1e-10)  # a valid bound is taken
+
+
 def test_the_torch_optimizers_pass_their_rate_on(backend, device):
     """geoarray.torch.PaperAdam (fixed β) bounds its velocity by the param group's current lr·C, read at
     every step (a scheduler's change included); geoarray.torch.Adam, whose β are read live from the

@@ -12,15 +12,9 @@ from typing import Any
 import optree
 
 from .._typing import Array
-from .namespace import device, is_jax, is_torch
+from .namespace import device, is_compiling, is_jax, is_torch
 
 Namespace = Any
-
-
-def is_compiling() -> bool:
-    """True while ``torch.compile`` traces (dynamo): Python-side checks that its polyfills cannot run are skipped."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
 
 
 def all_finite(x: Array, xp: Namespace) -> Array:

@@ -318,12 +318,21 @@ def resolve_dtype(xp: Namespace, dtype: Any = None, device: Any = None, *, name:
     raise TypeError(f"{name} must be a real floating dtype of {backend_name(xp)} ({', '.join(floats)}), got {dtype!r}")
 
 
+def is_compiling() -> bool:
+    """True while ``torch.compile`` traces (dynamo): Python-side checks that its polyfills cannot run are skipped."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
 _REAL_FLOATING: dict[tuple[Any, Any], bool] = {}
 
 
 def _is_real_floating(xp: Namespace, dtype: Any) -> bool:
     # memoised per (namespace, dtype): NumPy's isdtype is Python (3 µs), and every manifold method
-    # checks its inputs (about 8 times per optimizer step)
+    # checks its inputs (about 8 times per optimizer step). Not under torch.compile: dynamo (torch
+    # 2.11) cannot hash the namespace module, and the check costs nothing in the compiled graph.
+    if is_compiling():
+        return bool(xp.isdtype(dtype, "real floating"))
     try:
         return _REAL_FLOATING[xp, dtype]
     except (KeyError, TypeError):

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _backend
 from .._backend import array_namespace, to_host
 from ..models.language import TransformerLM, as_config
 from .counting import redundancy
@@ -103,7 +104,7 @@ def _fix_mlp_scale(P: dict[str, Array], p: str, xp: Any, positive: bool) -> Arra
     if p + "mlp.b_in" in P:
         P[p + "mlp.b_in"] = P[p + "mlp.b_in"] * s
     P[p + "mlp.w_out"] = P[p + "mlp.w_out"] / s[:, None]
-    return xp.sign(first)
+    return _backend.sign(first, xp)
 
 
 def canonicalize(model: Any, params: Mapping[str, Array]) -> tuple[dict[str, Array], dict[str, Array]]:

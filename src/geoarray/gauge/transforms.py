@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _backend
 from .. import random as _random
 from .._backend import array_namespace, as_namespace, resolve_dtype
 from ..models.language import TransformerLM
@@ -60,7 +61,7 @@ def haar_orthogonal(
     xp = as_namespace(xp)
     Z = _random.normal(seed, (n, n), xp=xp, dtype=dtype, device=device)
     Q, R = xp.linalg.qr(Z)
-    Q = Q * xp.sign(xp.linalg.diagonal(R))[None, :]
+    Q = Q * _backend.sign(xp.linalg.diagonal(R), xp)[None, :]
     if special:
         det = xp.linalg.det(Q)
         flip = xp.concat([xp.reshape(det, (1,)), xp.ones((n - 1,), dtype=Q.dtype, **_kw(device))])

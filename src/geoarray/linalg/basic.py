@@ -93,4 +93,4 @@ def cayley(C: Array) -> Array:
     xp = array_namespace(C=C)
     check_matrix(C, "C", xp, square=True)
     eye_n = eye(C.shape[-1], C)
-    return xp.linalg.solve(eye_n + C, eye_n - C)
+    return _backend.solve(eye_n + C, eye_n - C, xp)

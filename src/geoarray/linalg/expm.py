@@ -51,7 +51,7 @@ def _expm_generic(A: Array, xp: Any, max_squarings: int) -> Array:
     A6 = A4 @ A2
     U = scaled @ (A6 @ (b[13] * A6 + b[11] * A4 + b[9] * A2) + b[7] * A6 + b[5] * A4 + b[3] * A2 + b[1] * eye_n)
     V = A6 @ (b[12] * A6 + b[10] * A4 + b[8] * A2) + b[6] * A6 + b[4] * A4 + b[2] * A2 + b[0] * eye_n
-    R = xp.linalg.solve(V - U, V + U)
+    R = _backend.solve(V - U, V + U, xp)
 
     # A fixed number of masked squarings keeps the code traceable; inputs that would need more than
     # max_squarings are marked with NaN rather than silently returned inaccurate (as jax.scipy does).

@@ -175,7 +175,7 @@ def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
     U = xp.triu(A)
     V1 = xp.tril(A, k=-1) + eye(n, Y)
     native = _backend.fast_path("triu_inverse", xp)
-    U_inv = native(U) if native is not None else xp.linalg.solve(U, xp.broadcast_to(eye(n, Y), U.shape))
+    U_inv = native(U) if native is not None else _backend.solve(U, xp.broadcast_to(eye(n, Y), U.shape), xp)
     V = xp.concat([V1, Y[..., n:, :] @ U_inv], axis=-2) if Y.shape[-2] > n else V1
     return V, 2 / xp.sum(V * V, axis=-2), s
 

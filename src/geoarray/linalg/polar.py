@@ -33,7 +33,7 @@ def _polar_newton(Q: Array, R: Array, xp: Any, steps: int) -> Array:
     eye_k = xp.broadcast_to(eye(k, R), R.shape)
     Z = R
     for _ in range(steps):
-        Zinv_t = mT(xp.linalg.solve(Z, eye_k), xp)
+        Zinv_t = mT(_backend.solve(Z, eye_k, xp), xp)
         nz = xp.linalg.matrix_norm(Z, ord="fro")
         ni = xp.linalg.matrix_norm(Zinv_t, ord="fro")
         mu = xp.sqrt(ni / nz)[..., None, None]
@@ -161,7 +161,7 @@ def _newton_schulz(X: Array, xp: Any, steps: int, a: float, b: float, c: float, 
     if tall:
         X = mT(X, xp)
     norm = xp.linalg.matrix_norm(X, ord="fro")[..., None, None]
-    X = X / xp.clip(norm, min=eps)
+    X = X / _backend.clip(norm, xp, min=eps)
     for _ in range(steps):
         S = X @ mT(X, xp)
         X = a * X + (b * S + c * (S @ S)) @ X

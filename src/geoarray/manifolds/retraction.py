@@ -254,7 +254,7 @@ def retraction_kernel(halfA: Array, gram: Array, xp: Any, method: str, max_doubl
     if method == "geodesic":
         return phi1(X, xp, max_doublings)
     eye = linalg.eye(X.shape[-1], X)
-    return xp.linalg.solve(eye - X / 2, xp.broadcast_to(eye, X.shape))
+    return _backend.solve(eye - X / 2, xp.broadcast_to(eye, X.shape), xp)
 
 
 def retract_e(
@@ -274,7 +274,7 @@ def retract_e(
     if method != "geodesic":
         eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
         c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
-        D = xp.linalg.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c)
+        D = _backend.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c, xp)
         D_top, D_bot = D[..., :k, :], D[..., k:, :]
         return eye + halfA @ D_top + D_bot, _backend.matmul(B, D_top, xp)
     low = halfA @ halfA - gram  # c = a² − G
@@ -298,7 +298,7 @@ def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) ->
     exp's Taylor polynomial where ‖A‖₁ is within a rule's θ (``_EXP_RULES``), else I + A·φ₁(A)."""
     eye = linalg.eye(halfA.shape[-1], halfA)
     if method != "geodesic":
-        return xp.linalg.solve(eye - halfA, eye + halfA)
+        return _backend.solve(eye - halfA, eye + halfA, xp)
     A = halfA + halfA
     bound = _norm1(A, xp)
 

@@ -184,7 +184,7 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
     (:func:`geoarray._backend.householder_section_form` says which and why): packed reflectors applied
     by ormqr, or the compact-WY form, with the reflectors from a QR or rebuilt from Y's orthonormality.
     """
-    form = _backend.householder_section_form(tuple(Y.shape), array_namespace(Y))
+    form = _backend.householder_section_form(tuple(Y.shape), array_namespace(Y), _device(Y))
     if form == "packed":
         return PackedHouseholderSection.of(Y)
     return HouseholderSection.of(Y, reconstruct=form == "reconstructed")

@@ -99,7 +99,7 @@ def _inv_sqrt_psd(gram: Array, xp: Any) -> tuple[Array, Array]:
     lam, V = xp.linalg.eigh(gram)
     # cut-off λ are replaced by 1 before the square root, so no 1/0 is evaluated (gram = 0 has λ = 0 and
     # a cut-off of 0: NumPy would warn, and autodiff through where would meet the inf)
-    tiny = gram.shape[-1] * xp.finfo(gram.dtype).eps * xp.clip(lam[..., -1:], min=0.0)
+    tiny = gram.shape[-1] * xp.finfo(gram.dtype).eps * _backend.clip(lam[..., -1:], xp, min=0.0)
     keep = lam > tiny
     inv_sqrt = xp.where(keep, 1 / xp.sqrt(xp.where(keep, lam, xp.ones_like(lam))), xp.zeros_like(lam))
     return (V * inv_sqrt[..., None, :]) @ xp.matrix_transpose(V), lam
@@ -144,7 +144,7 @@ def _dual_gradient_step(S: Array, P: Array, H: Array, sig2: Array, step: float, 
     # W₁ = S H (the top block of msign([S; R]) for S = K + P) and the gradient step on the compressed dual,
     # P − step·σ_min([S; R])·sym(W₁), with the ½ of sym folded into the scalar
     W1 = S @ H
-    scale = (step / 2) * xp.sqrt(xp.clip(sig2[..., :1], min=0.0))
+    scale = (step / 2) * xp.sqrt(_backend.clip(sig2[..., :1], xp, min=0.0))
     return W1, P - (W1 + xp.matrix_transpose(W1)) * scale[..., None]
 
 
@@ -337,7 +337,7 @@ def stiefel_spectral_dual(Y: Array, G: Array, P: Array) -> Array:
     K, _, C = _compress(Y, G, xp)
     S = K + linalg.sym(P)
     sig2 = xp.linalg.eigvalsh(xp.matrix_transpose(S) @ S + C)  # squared singular values of [K + P; R]
-    return xp.sum(xp.sqrt(xp.clip(sig2, min=0.0)), axis=-1)
+    return xp.sum(xp.sqrt(_backend.clip(sig2, xp, min=0.0)), axis=-1)
 
 
 def grassmann_spectral_direction(Y: Array, G: Array) -> Array:

@@ -276,6 +276,17 @@ class OrthonormalFrames(Manifold):
         whose steps are bounded whatever its gradients says so: :class:`~geoarray.optim.RiemannianOptimizer`),
         with which a step without host reads (a GPU's) evaluates φ₁ by the cheapest fixed route that covers
         every such W (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN."""
+        if velocity_bound is not None and not _backend.is_compiling():  # dynamo cannot run math.isfinite
+            if isinstance(velocity_bound, bool) or not isinstance(velocity_bound, (int, float)):
+                raise TypeError(
+                    f"velocity_bound must be a Python float (a bound on W's entries) or None, got "
+                    f"{type(velocity_bound).__name__} {velocity_bound!r}; pass float(b) or leave it out"
+                )
+            if not math.isfinite(velocity_bound) or velocity_bound < 0:
+                raise ValueError(
+                    f"velocity_bound must be a finite number >= 0, got {velocity_bound!r}; leave it out (None) "
+                    "when the step is not bounded"
+                )
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
             return super().apply_retraction(lam, W, method)
         xp = self._check_horizontal(W)

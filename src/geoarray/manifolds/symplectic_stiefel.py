@@ -149,7 +149,7 @@ def _complex_householder(Y: Array, *, xp: Any, steps: int) -> tuple[Array, Array
     active = xp.sum(V * V, axis=-2) > 0  # (..., 2k): zero columns are identity reflectors
     half = xp.where(active, xp.full_like(active, 0.5, dtype=Y.dtype), xp.ones_like(active, dtype=Y.dtype))
     T_inv = xp.triu(xp.matrix_transpose(V) @ V, k=1) + half[..., :, None] * linalg.eye(V.shape[-1], V)
-    T = xp.linalg.solve(T_inv, xp.broadcast_to(linalg.eye(V.shape[-1], V), T_inv.shape))
+    T = _backend.solve(T_inv, xp.broadcast_to(linalg.eye(V.shape[-1], V), T_inv.shape), xp)
     return V, T, R
 
 
@@ -213,18 +213,18 @@ def _rgrad(Y: Array, dL: Array, *, xp: Any) -> Array:
 def _metric(Y: Array, D1: Array, D2: Array, *, xp: Any) -> Array:
     Yt = xp.matrix_transpose(Y)
     S, P, X1, X2 = xp.broadcast_arrays(Yt @ Y, xp.matrix_transpose(D1) @ D2, Yt @ j_times(D1, xp), Yt @ j_times(D2, xp))
-    first = xp.sum(xp.linalg.diagonal(xp.linalg.solve(S, P)), axis=-1)
+    first = xp.sum(xp.linalg.diagonal(_backend.solve(S, P, xp)), axis=-1)
     # tr(UV) = Σ U ⊙ Vᵀ with U = S⁻¹X₁ᵀ, V = S⁻¹X₂
-    U = xp.linalg.solve(S, xp.matrix_transpose(X1))
-    V = xp.linalg.solve(S, X2)
+    U = _backend.solve(S, xp.matrix_transpose(X1), xp)
+    V = _backend.solve(S, X2, xp)
     return first - xp.sum(U * xp.matrix_transpose(V), axis=(-2, -1)) / 2
 
 
 def _project(Y: Array, G: Array, *, xp: Any) -> Array:
     Yt = xp.matrix_transpose(Y)
     S = Yt @ Y
-    GS = xp.matrix_transpose(xp.linalg.solve(S, xp.matrix_transpose(G)))  # G S⁻¹ (S symmetric)
-    return _rgrad(Y, GS - jt_times(Y @ xp.linalg.solve(S, Yt @ j_times(GS, xp)), xp) / 2, xp=xp)
+    GS = xp.matrix_transpose(_backend.solve(S, xp.matrix_transpose(G), xp))  # G S⁻¹ (S symmetric)
+    return _rgrad(Y, GS - jt_times(Y @ _backend.solve(S, Yt @ j_times(GS, xp), xp), xp) / 2, xp=xp)
 
 
 def _point_violation(Y: Array, *, xp: Any) -> Array:
@@ -448,7 +448,7 @@ class SymplecticStiefel(Manifold):
         xp = self._check_point(Y)
         self._check_tangent_shape(Y, D, "D")
         Yt = xp.matrix_transpose(Y)
-        Yg = xp.linalg.solve(Yt @ Y, Yt)
+        Yg = _backend.solve(Yt @ Y, Yt, xp)
         G = j_times(D, xp)
         GYg = G @ Yg
         Sigma = GYg + xp.matrix_transpose(GYg) - xp.matrix_transpose(Yg) @ (Yt @ G) @ Yg

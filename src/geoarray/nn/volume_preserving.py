@@ -117,7 +117,7 @@ class VolumePreservingAttention(Layer):
         # C is skew in both variants, so every singular value of K is ≥ 1: ‖K⁻¹‖₂ ≤ 1 and the explicit
         # inverse is as accurate as a solve. It is kept for the pullback (K⁻ᵀ ȳ becomes a matmul instead
         # of a second factorisation), which makes forward + pullback 1.5-2× faster for T ≤ 16.
-        Kinv = xp.linalg.inv(eye(x.shape[-2], x) + xp.matrix_transpose(C))
+        Kinv = _backend.inv(eye(x.shape[-2], x) + xp.matrix_transpose(C), xp)
         U = Kinv @ x
         return 2 * U - x, (xp, Ae, xA, Kinv, U)
 

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .. import _backend
 from .._backend import array_namespace
 
 __all__ = ["constant", "exponential_decay"]
@@ -49,7 +50,7 @@ def exponential_decay(lr_start: float, lr_end: float, n: int, *, steps_per_epoch
     def schedule(t: Any) -> Any:
         xp = array_namespace(t=t)
         k = t - 1 if steps_per_epoch is None else xp.floor((t - 1) / steps_per_epoch)
-        frac = xp.clip(k / n, 0.0, 1.0)
+        frac = _backend.clip(k / n, xp, min=0.0, max=1.0)
         return lr_start * xp.exp(log_ratio * frac)
 
     return schedule

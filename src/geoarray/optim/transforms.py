@@ -541,8 +541,10 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
             xp = array_namespace(*optree.tree_leaves(u))
             x = _to_vector(u, xp)
             d = x.shape[-1]
-            eye = xp.eye(d, dtype=x.dtype, device=_backend.device(x))
-            hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype))
+            dev = _backend.device(x)
+            eye = xp.eye(d, dtype=x.dtype, device=dev)
+            blank = xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype, device=dev)
+            hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + blank)
         zeros = zeros_like_tree(params)
         return ScaleByBFGSState(zero_count(params), zeros, zeros, treedef.unflatten(hs))
 

@@ -443,8 +443,10 @@ class Optimizer(torch.optim.Optimizer):
         plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
         # a CUDA graph records this step once and replays its kernels: like a compiled step, it cannot
         # build state (the host work of a first step would not be replayed)
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         tracing = torch.compiler.is_compiling()
+        # dynamo cannot trace is_current_stream_capturing (it returns a bool, not a tensor): under a
+        # trace the check is the trace's own
+        capturing = not tracing and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         compiling = tracing or capturing
         # all checks passed: build new cohorts, then compute every update, then write them all
         work = []

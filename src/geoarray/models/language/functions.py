@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ... import _backend
 from ..._backend import array_namespace
 from ..._typing import Array
 from ...nn.activations import gelu_tanh
@@ -26,7 +27,7 @@ def erf(x: Array) -> Array:
     precision (1 − erf(6) = 2·10⁻¹⁷), and 110 terms then reach relative accuracy 1e-18.
     """
     xp = array_namespace(x)
-    z = xp.clip(x, -6.0, 6.0)
+    z = _backend.clip(x, xp, min=-6.0, max=6.0)
     z2 = 2 * z * z
     term = xp.ones_like(z)
     total = xp.ones_like(z)
