@@ -142,3 +142,29 @@ def test_a_pullback_names_a_cotangent_of_another_dtype_or_none(xp, device):
             pullback(None)
         _, dx = pullback(xp.ones_like(y))
         assert tuple(dx.shape) == tuple(x.shape)
+
+
+def test_layers_make_every_array_on_the_inputs_device(backend, xp, device):
+    """Every layer's apply and vjp with torch's default device set to ``meta``: an array made without
+    ``device=`` inside (on a GPU it would land on the CPU) would be a meta tensor and fail to combine with
+    the CPU inputs. Results equal the same calls without the default device set, bit for bit."""
+    if backend.name != "torch":
+        pytest.skip("torch's default-device context; array-api-strict's session runs on a second device instead")
+    import contextlib
+
+    import optree
+    import torch
+
+    rng = np.random.default_rng(0)
+    for name, (factory, d, sequence) in sorted(LAYERS.items()):
+        layer = factory()
+        params = layer.init(0, xp=xp, dtype="float64", device=device)
+        x = to_backend(host_array(rng, _shape_of("ok", d, sequence), "finite"), xp, device, "float64")
+        runs = []
+        for default in (None, "meta"):
+            with torch.device(default) if default else contextlib.nullcontext():
+                y, pullback = layer.vjp(params, x)
+                runs.append((layer.apply(params, x), y, pullback(xp.ones_like(y))))
+        for a, b in zip(optree.tree_leaves(runs[1]), optree.tree_leaves(runs[0]), strict=True):
+            assert a.device == x.device, name
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=name)

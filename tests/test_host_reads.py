@@ -9,11 +9,14 @@ anything on a CPU: ``aten.lift_fresh`` (an array made from Python numbers, which
 device synchronously), ``nonzero`` and boolean-mask indexing (a data-dependent shape). JAX is checked
 under ``jax.jit`` (no callback in the program, no transfer to the host while it runs). NumPy and
 array-api-strict have no device, so there the tests check the results of the fixed-work route, which is
-the one CuPy runs on a GPU.
+the one CuPy runs on a GPU. Arrays made on the wrong device (on a GPU: on the CPU) are found on torch with
+its default device set to ``meta`` during a step, and in the array-api-strict session, which runs on its
+second device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -208,6 +211,31 @@ def test_an_eager_torch_step_reads_nothing_to_the_host(backend, xp, device, poli
         assert not waits, f"{name}: {len(waits)} host reads or waits in one eager step: {waits}"
 
 
+@pytest.mark.parametrize("reads", ["always", "never"])
+def test_a_step_makes_every_array_on_its_inputs_device(backend, xp, device, policy, reads):
+    """init and two updates of every optimizer with torch's default device set to ``meta``: an array made
+    without ``device=`` (which on a GPU lands on the CPU: BFGS's state did, found on the first GPU run) would
+    be a meta tensor and fail to combine with the CPU inputs. Every result is on the inputs' device and equal
+    bit for bit to the same steps without the default device set (the same computation)."""
+    if backend.name != "torch":
+        pytest.skip("torch's default-device context; array-api-strict's session runs on a second device instead")
+    import torch
+
+    policy(reads)
+    for name, make in OPTIMIZERS.items():
+        params, mans, grads = _problem(xp, device, drop=DROP.get(name, ()))
+        results = []
+        for default in (None, "meta"):
+            opt = make()
+            with torch.device(default) if default else contextlib.nullcontext():
+                out = _steps(opt, params, mans, grads, 2)
+            results.append(out)
+        leaves = optree.tree_leaves(results[1])
+        assert all(x.device == params["stiefel"].device for x in leaves if isinstance(x, torch.Tensor)), name
+        for a, b in zip(leaves, optree.tree_leaves(results[0]), strict=True):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=name)
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_without_host_reads_a_step_equals_the_step_with_them(backend, xp, device, policy, caplog, name):
     """6 steps with fixed work equal 6 steps that read to the host, to AGREE_RTOL (float64: 1e-12): every
@@ -284,6 +312,43 @@ def test_the_torch_adapter_steps_read_nothing_to_the_host(backend, xp, device, p
             results[mode] = (W.detach().clone(), B.detach().clone())
         for a, b in zip(results["never"], results["always"], strict=True):
             assert_agree(a, b)
+
+
+def test_the_torch_adapter_makes_every_array_on_its_parameters_device(backend, xp, device, policy):
+    """geoarray.torch's optimizers (state built in the first step, capturable buffers included) stepped with
+    torch's default device set to ``meta``: an array made without ``device=`` would be a meta tensor and fail
+    to combine with the parameters. Three steps equal the same steps without it, bit for bit."""
+    if backend.name != "torch":
+        pytest.skip("torch's default-device context")
+    import torch
+
+    import geoarray.torch as gt
+
+    makers = {
+        "Adam": lambda ps: gt.Adam(ps, lr=1e-2),
+        "SGD": lambda ps: gt.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+        "PaperAdam": lambda ps: gt.PaperAdam(ps, lr=1e-2),
+        "PaperAdam(capturable)": lambda ps: gt.PaperAdam(ps, lr=1e-2, capturable=True),
+        "ManifoldMuon": lambda ps: gt.ManifoldMuon(ps, lr=1e-2),
+        "Muon": lambda ps: gt.Muon(ps[1:], lr=1e-2),
+    }
+    M = Stiefel(20, 4)
+    for reads in ("always", "never"):
+        policy(reads)
+        for name, make in makers.items():
+            results = []
+            for default in (None, "meta"):
+                W = gt.ManifoldParameter(M.random(0, xp=torch, device=device), M)
+                B = torch.nn.Parameter(geoarray.random.normal(1, (4, 3), xp=torch, device=device))
+                opt = make([W, B])
+                for _ in range(3):
+                    opt.zero_grad()
+                    torch.sin(W @ B).sum().backward()
+                    with torch.device(default) if default else contextlib.nullcontext():
+                        opt.step()
+                results.append((W.detach().clone(), B.detach().clone()))
+            for a, b in zip(*results, strict=True):
+                assert torch.equal(a, b), f"{name} ({reads})"
 
 
 def test_a_step_beyond_the_doubling_budget_is_skipped_and_counted(backend, xp, device, policy):
