@@ -270,3 +270,38 @@ def test_ab_step_against_head(bench_backend, tmp_path):
         "ab_step.py: error: cannot export src/geoarray at --base 'no-such-revision-xyz' with git: "
         "fatal: not a valid object name: no-such-revision-xyz"
     ]
+
+
+def test_cuda_sync_sites_lists_the_steps_waits_and_not_the_mode_switch():
+    """_timing.cuda_sync_sites with a stand-in for torch.cuda whose mode switch warns once, as the first
+    switch in a process did on an H200: the step's two warnings per call are counted at their site over
+    ``repeats`` calls, the warm-up call is not watched, and the switch's own warning is left out."""
+    import types
+    import warnings
+
+    timing = _load("_timing")
+    mode = ["default"]
+
+    def set_sync_debug_mode(value):
+        if value == "warn":
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        mode[0] = value
+
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: None, get_sync_debug_mode=lambda: mode[0], set_sync_debug_mode=set_sync_debug_mode
+    )
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        warnings.warn("an unrelated warning", UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unwatched warm-up call's warnings
+        sites = timing.cuda_sync_sites(types.SimpleNamespace(cuda=cuda), step, repeats=3, warmup=1)
+    assert calls[0] == 4 and mode[0] == "default"
+    assert len(sites) == 1, sites
+    ((site, count),) = sites.items()
+    assert site.startswith("test_benchmarks.py:") and site.endswith("(step)") and count == 6, sites
