@@ -431,7 +431,7 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     form = _backend.householder_section_form
     torch, jax = backend.kind == "torch", backend.kind == "jax"
     assert form((16, 49, 7), xp) == ("packed" if torch else "compact-wy")
-    if torch:  # not on a GPU, where ormqr is one cuSOLVER call per frame
+    if torch:  # not on a GPU, where ormqr's cost grows as if frames were applied one by one
         import torch as torch_module
 
         assert form((16, 49, 7), xp, torch_module.device("cpu")) == "packed"

@@ -393,3 +393,16 @@ def test_same_inputs_same_outputs_as_numpy(xp, device):
     ]
     for got, ref in pairs:
         assert_close(got, ref, xp=xp, device=device, rtol=1e-12, atol=1e-13)
+
+
+def test_cayley_of_a_singular_i_plus_c_is_non_finite_or_raises(backend, xp, device):
+    """I + C singular (C = diag(−1, ½)): torch and JAX return non-finite entries (nothing is read back from
+    the device to raise on); NumPy, array-api-strict (NumPy underneath) and CuPy (which checks cuSOLVER's info
+    while synchronisation is allowed, and raises NumPy's LinAlgError) raise."""
+    C = asarray(np.diag([-1.0, 0.5]), xp, device)
+    if backend.kind in ("numpy", "array_api_strict", "cupy"):
+        with pytest.raises(np.linalg.LinAlgError):
+            linalg.cayley(C)
+        return
+    Q = to_numpy(linalg.cayley(C))
+    assert not np.all(np.isfinite(Q[:, 0])) and np.isclose(Q[1, 1], 1 / 3, rtol=1e-12)

@@ -499,9 +499,10 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
     the CPU) is cheaper here.
 
     * ``"packed"`` — torch, eager, on the CPU, a batch of ≥ 16 frames with n ≤ 32: the reflectors as
-      LAPACK packs them, applied by ormqr (one call per application). Not on a GPU: torch's CUDA ormqr
-      calls cuSOLVER once per frame (measured on an H200, 336 × Stiefel(49, 7): the step took 40 ms
-      eagerly and 20 ms captured in a CUDA graph, against 0.18 ms for torch's Adam);
+      LAPACK packs them, applied by ormqr (one call per application). Not on a GPU, where its cost grows
+      with the number of frames as if they were applied one by one (measured on an H200 with this form:
+      336 × Stiefel(49, 7) batched took 20.2 ms per step captured in a CUDA graph, the ViT set as 369
+      separate leaves 20.6 ms, torch's Adam 0.18 ms);
     * ``"reconstructed"`` — JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n): compact WY with the
       reflectors rebuilt from Y's orthonormality by an n×n LU instead of XLA's QR (jitted, one thread:
       the reconstruction takes 0.42× the QR's time at 4096×128, 0.72× at 1024×64, 0.89× at 256×32, but

@@ -330,7 +330,7 @@ _REAL_FLOATING: dict[tuple[Any, Any], bool] = {}
 def _is_real_floating(xp: Namespace, dtype: Any) -> bool:
     # memoised per (namespace, dtype): NumPy's isdtype is Python (3 µs), and every manifold method
     # checks its inputs (about 8 times per optimizer step). Not under torch.compile: dynamo (torch
-    # 2.11) cannot hash the namespace module, and the check costs nothing in the compiled graph.
+    # 2.11) refused the (namespace, dtype) lookup as unhashable, and the check costs nothing once compiled.
     if is_compiling():
         return bool(xp.isdtype(dtype, "real floating"))
     try:

@@ -89,6 +89,9 @@ def cayley(C: Array) -> Array:
     (I − C) and (I + C)⁻¹ commute, so the transform is one batched solve (I + C) X = (I − C).
     For skew-symmetric C the result is orthogonal with determinant 1 (the map the volume-preserving
     attention seed writes with a spurious factor ½ in front; see ``shared/seeds/README.md``).
+    A singular I + C (never for skew C, whose I + C has every singular value ≥ 1) gives non-finite entries
+    on torch and JAX, which do not wait for the device to check it; NumPy (and CuPy, while synchronisation
+    is allowed) raises ``LinAlgError``.
     """
     xp = array_namespace(C=C)
     check_matrix(C, "C", xp, square=True)
