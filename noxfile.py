@@ -104,6 +104,19 @@ def _host_reads_env(backend: str) -> dict[str, str]:
     return {"GEOARRAY_HOST_READS": "never"}
 
 
+def _discard_venv(session: nox.Session) -> None:
+    """With ``GEOARRAY_NOX_DISCARD_VENVS=1`` (what .ci/run sets), delete a session's virtualenv when the
+    session ends, passed or failed. CI builds each venv once, and the matrix's venvs side by side take
+    several GB (torch's alone about 1 GB); a CI run once failed installing torch for the third session
+    with "No space left on device". One venv at a time, the disk holds at most the largest. Off by
+    default: nox's ``reuse_venv`` keeps them for the next local run."""
+    if os.environ.get("GEOARRAY_NOX_DISCARD_VENVS") != "1":
+        return
+    location = getattr(session.virtualenv, "location", None)
+    if location:
+        shutil.rmtree(location, ignore_errors=True)
+
+
 def _make_session(name: str, backend: str, tag: str):
     requirements = ROOT / "backends" / f"{name}.txt"
 
@@ -117,22 +130,25 @@ def _make_session(name: str, backend: str, tag: str):
 
     @nox.session(name=f"tests-{name}", tags=[tag])
     def run(session: nox.Session) -> None:
-        session.install("-r", str(requirements))
-        session.install(".[test,demo]")  # demo: scikit-learn digits, matplotlib, tqdm (CLI and training tests)
-        session.run(
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "--durations=15",  # the slowest tests in CI's log: where the session's time goes
-            *_workers(tag),
-            *session.posargs,  # after: `-- -n 0` runs in one process
-            env={
-                "GEOARRAY_BACKEND": backend,
-                **_compiler_env(backend, tag),
-                **_gpu_env(tag),
-                **_host_reads_env(backend),
-            },
-        )
+        try:
+            session.install("-r", str(requirements))
+            session.install(".[test,demo]")  # demo: scikit-learn digits, matplotlib, tqdm (CLI and training tests)
+            session.run(
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "--durations=15",  # the slowest tests in CI's log: where the session's time goes
+                *_workers(tag),
+                *session.posargs,  # after: `-- -n 0` runs in one process
+                env={
+                    "GEOARRAY_BACKEND": backend,
+                    **_compiler_env(backend, tag),
+                    **_gpu_env(tag),
+                    **_host_reads_env(backend),
+                },
+            )
+        finally:
+            _discard_venv(session)
 
     return run
 
@@ -184,10 +200,13 @@ def docs_fast(session: nox.Session) -> None:
     public API's documentation build."""
     import tempfile
 
-    _install_docs(session)
-    session.env["GEOARRAY_DOCS_GALLERY"] = "0"
-    with tempfile.TemporaryDirectory() as out:
-        session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out, *session.posargs)
+    try:
+        _install_docs(session)
+        session.env["GEOARRAY_DOCS_GALLERY"] = "0"
+        with tempfile.TemporaryDirectory() as out:
+            session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out, *session.posargs)
+    finally:
+        _discard_venv(session)
 
 
 @nox.session(tags=["package"])
