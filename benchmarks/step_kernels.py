@@ -27,31 +27,42 @@ the section: the same kernels, the fewest elementwise operations, no checks, no 
 ``floor/kernels`` and, after the timing (both took the same number of steps from the same start), the
 floor's largest distance to geoarray's weight.
 
-Measured 2026-11-27 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``OMP_NUM_THREADS=1
---floor``, default sets and steps, three runs):
+``--compile`` also times ``torch.compile(opt.update, fullgraph=True)`` with inductor (the one-line compile
+of #30, item 3) on its own copy of the state, interleaved with the rest: ``compiled/kernels`` against the
+eager step's kernels (the compiled step calls the same LAPACK and GEMM kernels: the packed section's geqrf
+and ormqr through geoarray's custom operators), its distance to the eager weight after the timing, and
+the compilation's seconds.
 
-=========  ===================  ================  ====================
-set        geoarray ÷ kernels   floor ÷ kernels   max|floor − geoarray|
-=========  ===================  ================  ====================
-vit        1.68–1.81×           1.47–1.50×        1.2e-6
-1024x64    1.71–1.81×           1.33–1.39×        1.1e-6
-4096x128   1.14–1.17×           1.12–1.18×        1.0e-6
-=========  ===================  ================  ====================
+Measured 2026-11-28 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``OMP_NUM_THREADS=1
+--floor --compile``, default sets and steps, three runs):
 
-The kernels' sums move by up to 2× between runs on this shared machine (in a faster phase the same
-day, the previous commit: vit 1.71–2.01× and floor 1.45–1.62×, 1024×64 1.66–1.71× and 1.31–1.38×).
+=========  ===================  ================  ===================  ====================
+set        geoarray ÷ kernels   floor ÷ kernels   compiled ÷ kernels   max|floor − geoarray|
+=========  ===================  ================  ===================  ====================
+vit        1.57–1.65×           1.44–1.53×        2.02–2.10×           1.2e-6
+1024x64    1.47–1.58×           1.27–1.32×        1.46–1.56×           1.1e-6
+4096x128   1.10–1.12×           1.09–1.12×        1.07–1.10×           1.0e-6
+=========  ===================  ================  ===================  ====================
+
+On 2026-11-27, the same code and machine kind, another machine: geoarray 1.68–1.81× (vit), 1.71–1.81×
+(1024×64), 1.14–1.17× (4096×128), floor 1.47–1.50×, 1.33–1.39×, 1.12–1.18×; the kernels' sums move by up
+to 2× between runs on a shared machine, so compare ratios from one run only.
 
 So on the ViT set even a hand-written eager step of this update is at #30's 1.5× of its kernels, not
 within it (each LAPACK call loops over 336 small matrices, and a dozen elementwise passes over the batch
-lie between them), while on a single 1024×64 frame it is well within (1.3–1.4×). What geoarray adds on
-top of the floor there (1.0–1.7 ms, 19–25% of its step) is spread thin over many pieces: the non-finite
+lie between them), while on a single 1024×64 frame it is well within (1.3×). What geoarray adds on
+top of the floor there (0.35–0.50 ms, 13–16% of its step) is spread thin over many pieces: the non-finite
 policy and the Taylor rule's bound (two reductions and two scalar reads), the compact-WY factors and the
 signs built from the QR (about a dozen n×n and n-vector operations), Adam's pure updates (new arrays
 instead of in-place moments) and the separate learning-rate pass, and the layout, tree and shape
-handling of the optimizer around them.
+handling of the optimizer around them. Compiling does not help on the CPU: inductor's fused loops over
+the 336 frames of 7 columns cost more than the eager passes they replace (the generated Adam loop evaluates the
+X, so the compiled ViT step is 1.2× the eager one,
+and the two single frames are at the eager ratio; it removes Python's and the dispatcher's work, which
+a GPU step pays per launch (benchmarks/gpu.py).
 
     python benchmarks/step_kernels.py [--sets vit 1024x64 4096x128] [--steps 30] [--threads 1]
-        [--host-reads cpu|never] [--floor] [--json out.json]
+        [--host-reads cpu|never] [--floor] [--compile [MODE]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -196,7 +207,28 @@ def floor_step(Y0, G, *, lr: float = LR, beta1: float = BETA1, beta2: float = BE
     return step, state
 
 
-def bench(name: str, steps: int, host_reads: str, floor: bool = False) -> dict:
+def compiled_step(opt, params, grads, state, mode: str | None):
+    """(step, holder, seconds of the first call): ``torch.compile(opt.update, fullgraph=True)`` with
+    inductor on its own copy of the state, stepped once (the compilation) before the timing."""
+    import time
+
+    import torch
+
+    torch._dynamo.reset()  # dynamo caches by code object: another set's graph would be reused, shape-generic
+    update = torch.compile(opt.update, fullgraph=True, mode=mode)
+    holder = [dict(params), state]
+
+    @torch.no_grad()
+    def step():
+        holder[0], holder[1] = update(holder[0], grads, holder[1])
+
+    start = time.perf_counter()
+    step()
+    step()  # a second compilation, if the first step's state differs in kind from the later ones', here
+    return step, holder, time.perf_counter() - start
+
+
+def bench(name: str, steps: int, host_reads: str, floor: bool = False, compile_mode: str | None = None) -> dict:
     import torch
 
     xp = load_namespace("torch")
@@ -214,6 +246,9 @@ def bench(name: str, steps: int, host_reads: str, floor: bool = False) -> dict:
             floor_fn, floor_state = floor_step(params["W"], grads["W"])
             fns["floor"] = floor_fn
             floor_fn(), floor_fn()  # as many steps as geoarray's two below
+        if compile_mode is not None:
+            compiled_fn, compiled_holder, compile_s = compiled_step(opt, params, grads, holder[1], compile_mode or None)
+            fns["compiled"] = compiled_fn
         step()
         calls = record_kernels(step)
         fns.update({f"{i}:{c[0]}": c[2] for i, c in enumerate(calls)})
@@ -228,6 +263,13 @@ def bench(name: str, steps: int, host_reads: str, floor: bool = False) -> dict:
             "floor_ms": 1e3 * times["floor"],
             "ratio_floor_over_kernels": times["floor"] / total,
             "floor_max_abs_difference_to_geoarray": float((floor_state["Y"] - holder[0]["W"]).abs().max()),
+        }
+    if compile_mode is not None:
+        extra |= {
+            "compiled_ms": 1e3 * times["compiled"],
+            "ratio_compiled_over_kernels": times["compiled"] / total,
+            "compile_s": compile_s,
+            "compiled_max_abs_difference_to_geoarray": float((compiled_holder[0]["W"] - holder[0]["W"]).abs().max()),
         }
     return {
         "set": name,
@@ -246,6 +288,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=ALL_SETS)
     parser.add_argument("--host-reads", default="cpu", choices=["cpu", "never"])
     parser.add_argument("--floor", action="store_true", help="also time the hand-written floor step")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="MODE",
+        help="also time torch.compile(opt.update, fullgraph=True[, mode=MODE]) with inductor (compiles for a minute)",
+    )
     add_timing_arguments(parser, steps=30)
     args = parse_timing_arguments(parser, argv)
     import torch
@@ -254,12 +304,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     print(f"host reads {args.host_reads!r}, {args.threads} thread(s), float32, median of {args.steps} interleaved")
     floor_head = f" {'floor ms':>8} {'floor/kernels':>13} {'|floor − step|':>14}" if args.floor else ""
+    if args.compile is not None:
+        floor_head += f" {'compiled ms':>11} {'compiled/kernels':>16} {'|compiled − step|':>17} {'compile s':>9}"
     print(
         f"{'set':9} {'step ms':>8} {'kernels ms':>10} {'kernels':>7} {'step/kernels':>12}{floor_head}   "
         "largest kernels (ms)"
     )
     for name in args.sets:
-        row = bench(name, args.steps, args.host_reads, args.floor)
+        row = bench(name, args.steps, args.host_reads, args.floor, args.compile)
         rows.append(row)
         top = sorted(row["kernels"], key=lambda k: -k["ms"])[:3]
         largest = ", ".join(f"{k['name']}{k['shapes'][0] if k['shapes'] else ''} {k['ms']:.3f}" for k in top)
@@ -269,6 +321,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.floor
             else ""
         )
+        if args.compile is not None:
+            floor_cols += (
+                f" {row['compiled_ms']:11.3f} {row['ratio_compiled_over_kernels']:15.2f}× "
+                f"{row['compiled_max_abs_difference_to_geoarray']:17.1e} {row['compile_s']:9.1f}"
+            )
         print(
             f"{name:9} {row['step_ms']:8.3f} {row['kernels_ms']:10.3f} {row['n_kernels']:7d} "
             f"{row['ratio_step_over_kernels']:11.2f}×{floor_cols}   {largest}"

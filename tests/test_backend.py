@@ -426,8 +426,9 @@ def test_autodiff_gradients_and_jacobians_where_the_backend_has_them(backend, xp
 
 def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     """The backend × shape policy of the Householder section lives in _backend: packed reflectors for
-    eager torch batches of ≥ 16 frames with n ≤ 32, the reconstruction for JAX's few tall frames, the
-    compact-WY form otherwise (each form is checked equal to the others in test_manifolds)."""
+    torch batches of ≥ 16 frames with n ≤ 32 on the CPU (eager or compiled: test_optim), the
+    reconstruction for JAX's few tall frames, the compact-WY form otherwise (each form is checked equal
+    to the others in test_manifolds)."""
     form = _backend.householder_section_form
     torch, jax = backend.kind == "torch", backend.kind == "jax"
     assert form((16, 49, 7), xp) == ("packed" if torch else "compact-wy")
@@ -441,6 +442,33 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     assert form((4096, 128), xp) == ("reconstructed" if jax else "compact-wy")
     assert form((8, 4096, 128), xp) == "compact-wy"
     assert form((512, 128), xp) == "compact-wy"  # N < 8n: the QR is cheaper
+
+
+def test_packed_section_operators_match_their_fake_kernels(backend, xp, device):
+    """The packed section's custom operators (geqrf and ormqr for torch.compile) pass torch's
+    ``opcheck``: the fake kernel gives the real one's shapes, dtypes and strides (each matrix column-major,
+    as LAPACK makes it), and the schema holds; and they equal torch.geqrf / torch.ormqr exactly (the
+    same calls). Batched, a single frame, and an expanded (broadcast) factor as the section passes it."""
+    if backend.kind != "torch":
+        pytest.skip("custom operators for torch.compile: torch only")
+    import torch
+
+    geqrf, ormqr = _backend.torch_packed_ops()
+    g = torch.Generator().manual_seed(0)
+    for batch in [(16,), (), (2, 3)]:
+        A = torch.randn(*batch, 9, 4, generator=g, dtype=torch.float64).to(device)
+        X = torch.randn(*batch, 9, 3, generator=g, dtype=torch.float64).to(device)
+        torch.library.opcheck(geqrf, (A,))
+        a, tau = geqrf(A)
+        assert a.mT.is_contiguous()
+        ref_a, ref_tau = torch.geqrf(A)
+        assert torch.equal(a, ref_a) and torch.equal(tau, ref_tau)
+        for transpose in (False, True):
+            torch.library.opcheck(ormqr, (a, tau, X, transpose))
+            assert torch.equal(ormqr(a, tau, X, transpose), torch.ormqr(a, tau, X, left=True, transpose=transpose))
+    a, tau = geqrf(torch.randn(9, 4, generator=g, dtype=torch.float64).to(device))
+    X = torch.randn(5, 9, 2, generator=g, dtype=torch.float64).to(device)
+    torch.library.opcheck(ormqr, (a.expand(5, 9, 4), tau.expand(5, 4), X, True))
 
 
 def test_float32_products_are_full_float32(xp, device):

@@ -169,6 +169,22 @@ def test_step_kernels_json(bench_backend, tmp_path, capsys):
     assert "floor/kernels" in capsys.readouterr().out
 
 
+def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
+    """step_kernels.py --compile times torch.compile(opt.update, fullgraph=True) with inductor against the
+    same kernels: the compiled step took as many steps from the same start as the eager one, and lands on
+    the same weight to float32 rounding (2e-6; two code paths)."""
+    if bench_backend != "torch":
+        pytest.skip("step_kernels.py times torch.compile")
+    path = tmp_path / "step_kernels.json"
+    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--compile", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["rows"]
+    for key in ("compiled_ms", "ratio_compiled_over_kernels", "compile_s"):
+        _positive_finite(row[key], key)
+    assert math.isclose(row["ratio_compiled_over_kernels"], row["compiled_ms"] / row["kernels_ms"], rel_tol=1e-9)
+    assert row["compiled_max_abs_difference_to_geoarray"] < 2e-6
+    assert "compiled/kernels" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("shape", [(16, 12, 3), (8, 16, 4), (40, 5)], ids=["packed", "batched-wy", "single-wy"])
 def test_step_kernels_floor_is_geoarrays_update(bench_backend, shape):
     """The hand-written floor of step_kernels.py --floor is the update of ``geoarray.optim.Adam(lr=1e-3)``

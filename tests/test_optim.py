@@ -10,7 +10,7 @@ import pytest
 
 import geoarray
 from _helpers import asarray, assert_close, max_abs, to_numpy
-from geoarray import linalg, optim
+from geoarray import _backend, linalg, optim
 from geoarray.manifolds import Grassmann, Stiefel, SymplecticStiefel
 
 
@@ -421,22 +421,33 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     if scale > 1:  # the eager reference reads its doublings' count (a GPU's default reads nothing, and
         host_reads_policy("always")  # these steps are beyond the fixed budget); compiled, the count is a tensor
     params, mans, grads = _mixed_problem(xp, device, "householder")
-    if batched:  # 16 frames: the eager step uses the packed (ormqr) section, the compiled one compact WY
+    if batched:  # 16 frames: on the CPU both steps use the packed (ormqr) section, on a GPU compact WY
         M = Stiefel(6, 2)
         params, mans = {"Y": M.random(0, xp=xp, batch_shape=(16,), device=device)}, {"Y": M}
         grads = lambda p: {"Y": p["Y"] * 0.3 - 0.1}  # noqa: E731
     opt = optim.Adam(5e-2 * scale)
     state = opt.init(params, mans)
-    compiled = torch.compile(opt.update, backend="aot_eager", fullgraph=True)
+    traced: set[str] = set()
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def recording(gm, example_inputs):  # the operators dynamo traced, then aot_eager as before
+        traced.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return aot_eager(gm, example_inputs)
+
+    compiled = torch.compile(opt.update, backend=recording, fullgraph=True)
     pe, se, pc, sc = params, state, params, state
     for _ in range(3):
         pe, se = opt.update(pe, grads(pe), se)
         pc, sc = compiled(pc, grads(pc), sc)
-    # eager and compiled steps differ by rounding only (batched: the two sections; always: Adam's
-    # bias-correction factors, on the host eagerly and on the device compiled; the φ₁ rule), which
-    # lr = 15 with doublings amplifies to ~1e-11
+    # eager and compiled steps differ by rounding only (always: Adam's bias-correction factors, on the
+    # host eagerly and on the device compiled; the φ₁ rule), which lr = 15 with doublings amplifies to ~1e-11
     for a, b in zip(optree.tree_leaves((pe, se)), optree.tree_leaves((pc, sc)), strict=True):
         assert_close(b, a, xp=xp, atol=1e-10 if batched or scale > 1 else 1e-12)
+    # the compiled step keeps the eager step's section form (the packed one through geoarray's operators)
+    packed = _backend.householder_section_form(tuple(params["Y"].shape), xp, device) == "packed"
+    assert packed == (batched and torch.device(device).type == "cpu")
+    assert ("geoarray.ormqr.default" in traced) == packed, sorted(t for t in traced if "geoarray" in t)
+    assert ("geoarray.geqrf_packed.default" in traced) == packed
 
 
 def test_jax_vmap_of_update_equals_a_loop(backend, xp, device):

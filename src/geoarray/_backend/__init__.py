@@ -67,6 +67,7 @@ from .kernels import (
     t_factor,
     torch_apply_packed_q,
     torch_geqrf_op,
+    torch_packed_ops,
     torch_packed_qr,
 )
 from .namespace import (  # noqa: F401
@@ -146,6 +147,7 @@ __all__ = [
     "to_host",
     "torch_apply_packed_q",
     "torch_geqrf_op",
+    "torch_packed_ops",
     "torch_packed_qr",
     "value_and_grad",
     "vmap_compiled",

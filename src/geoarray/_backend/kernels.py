@@ -494,15 +494,59 @@ def torch_geqrf_op() -> Callable[..., Any]:
     return _TORCH_GEQRF_OP
 
 
+_TORCH_PACKED_OPS: Any = None
+
+
+def _column_major(X: Any) -> Any:
+    """X in LAPACK's batched layout (each matrix column-major, the batch outermost), copied only if not."""
+    return X if X.mT.is_contiguous() else X.mT.contiguous().mT
+
+
+def torch_packed_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(geqrf, ormqr) of the packed Householder section as custom operators with fake (shape-only)
+    kernels, so that ``torch.compile`` traces the packed form instead of falling back to compact WY
+    (torch 2.13's geqrf has no fake kernel; its ormqr has none that inductor keeps as a library call).
+    Both return LAPACK's layout, each matrix column-major as the real kernels make it, so that a
+    factor goes from geqrf to ormqr without a copy. Registered on the first eager call, never while
+    tracing."""
+    global _TORCH_PACKED_OPS
+    if _TORCH_PACKED_OPS is None:
+        import torch
+
+        @torch.library.custom_op("geoarray::geqrf_packed", mutates_args=(), schema="(Tensor A) -> (Tensor, Tensor)")
+        def geqrf(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a, tau = torch.geqrf(A)
+            return _column_major(a), tau
+
+        @geqrf.register_fake
+        def _(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            k = min(A.shape[-2], A.shape[-1])
+            return A.new_empty((*A.shape[:-2], A.shape[-1], A.shape[-2])).mT, A.new_empty((*A.shape[:-2], k))
+
+        @torch.library.custom_op(
+            "geoarray::ormqr", mutates_args=(), schema="(Tensor a, Tensor tau, Tensor X, bool transpose) -> Tensor"
+        )
+        def ormqr(a: torch.Tensor, tau: torch.Tensor, X: torch.Tensor, transpose: bool) -> torch.Tensor:
+            return _column_major(torch.ormqr(a, tau, X, left=True, transpose=transpose))
+
+        @ormqr.register_fake
+        def _(a: torch.Tensor, tau: torch.Tensor, X: torch.Tensor, transpose: bool) -> torch.Tensor:
+            return X.new_empty((*X.shape[:-2], X.shape[-1], X.shape[-2])).mT
+
+        _TORCH_PACKED_OPS = (geqrf, ormqr)
+    return _TORCH_PACKED_OPS
+
+
 def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None) -> str:
     """Which form of the Householder section of a point of ``shape`` (..., N, n) on ``device`` (default:
     the CPU) is cheaper here.
 
-    * ``"packed"`` — torch, eager, on the CPU, a batch of ≥ 16 frames with n ≤ 32: the reflectors as
-      LAPACK packs them, applied by ormqr (one call per application). Not on a GPU, where its cost grows
-      with the number of frames as if they were applied one by one (measured on an H200 with this form:
-      336 × Stiefel(49, 7) batched took 20.2 ms per step captured in a CUDA graph, the ViT set as 369
-      separate leaves 20.6 ms, torch's Adam 0.18 ms);
+    * ``"packed"`` — torch on the CPU, a batch of ≥ 16 frames with n ≤ 32: the reflectors as
+      LAPACK packs them, applied by ormqr (one call per application), eager or under ``torch.compile``
+      (through :func:`torch_packed_ops`, registered by an earlier eager call). Not on a GPU, where its
+      cost grows with the number of frames as if they were applied one by one (measured on an H200 with
+      this form: 336 × Stiefel(49, 7) batched took 20.2 ms per step captured in a CUDA graph, the ViT
+      set as 369 separate leaves 20.6 ms, torch's Adam 0.18 ms);
     * ``"reconstructed"`` — JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n): compact WY with the
       reflectors rebuilt from Y's orthonormality by an n×n LU instead of XLA's QR (jitted, one thread:
       the reconstruction takes 0.42× the QR's time at 4096×128, 0.72× at 1024×64, 0.89× at 256×32, but
@@ -511,15 +555,19 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
 
-    On eager torch this also registers the traceable geqrf (:func:`torch_geqrf_op`), so that a later
-    ``torch.compile`` of the same step finds it.
+    On eager torch this also registers the traceable operators (:func:`torch_geqrf_op`,
+    :func:`torch_packed_ops`), so that a later ``torch.compile`` of the same step finds them.
     """
     batch = math.prod(shape[:-2])
     N, n = shape[-2], shape[-1]
-    if is_torch(xp) and not is_compiling():
-        torch_geqrf_op()
+    if is_torch(xp):
+        compiling = is_compiling()
+        if not compiling:
+            torch_geqrf_op()
+            torch_packed_ops()
         on_cpu = device is None or getattr(device, "type", device) == "cpu"
-        if on_cpu and len(shape) >= 3 and batch >= 16 and n <= 32:
+        traceable = not compiling or _TORCH_PACKED_OPS is not None
+        if on_cpu and traceable and len(shape) >= 3 and batch >= 16 and n <= 32:
             return "packed"
     if is_jax(xp) and batch < 8 and n >= 32 and N >= 8 * n:
         return "reconstructed"
@@ -530,6 +578,8 @@ def torch_packed_qr(A: Array) -> tuple[Array, Array]:
     """LAPACK's geqrf factor (R on and above the diagonal, reflectors below) and τ, unsplit (torch)."""
     import torch
 
+    if is_compiling():
+        return torch_packed_ops()[0](A)
     return torch.geqrf(A)
 
 
@@ -542,6 +592,8 @@ def torch_apply_packed_q(a: Array, tau: Array, X: Array, transpose: bool) -> Arr
     if a.shape[:-2] != batch:
         a = a.expand(*batch, *a.shape[-2:])
         tau = tau.expand(*batch, tau.shape[-1])
+    if is_compiling():
+        return torch_packed_ops()[1](a, tau, X, transpose)
     return torch.ormqr(a, tau, X, left=True, transpose=transpose)
 
 
