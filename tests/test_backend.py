@@ -441,7 +441,9 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     assert form((16, 96, 33), xp) == "compact-wy"
     assert form((4096, 128), xp) == ("reconstructed" if jax else "compact-wy")
     assert form((8, 4096, 128), xp) == "compact-wy"
-    assert form((512, 128), xp) == "compact-wy"  # N < 8n: the QR is cheaper
+    assert form((512, 128), xp) == "compact-wy"  # N < 16n: the QR is as cheap or cheaper
+    assert form((512, 64), xp) == "compact-wy"
+    assert form((1024, 64), xp) == ("reconstructed" if jax else "compact-wy")
 
 
 def test_packed_section_operators_match_their_fake_kernels(backend, xp, device):

@@ -235,6 +235,29 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
     assert "tiny" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("whole_step", [False, True], ids=["use", "whole-step"])
+def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
+    """section_forms.py times each Householder section form's use (build, λᵀG, λ applied), or a whole Adam
+    step with the form forced, on the session's backend: compact WY and the reconstruction on torch and
+    JAX, the packed form on torch only; the forms give the same result to float32 rounding (1e-5 after the
+    six steps of this run; entries O(1e-2) and O(1)), and exactly one is marked as the form
+    householder_section_form picks there."""
+    if bench_backend == "numpy":
+        pytest.skip("section_forms.py times torch and JAX; the NumPy backend has one form")
+    path = tmp_path / "section_forms.json"
+    argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "1"]
+    _load("section_forms").main([*argv, *(["--whole-step"] if whole_step else []), "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    forms = ["compact-wy", "reconstructed"] + (["packed"] if bench_backend == "torch" else [])
+    assert [row["form"] for row in rows] == forms
+    assert sum(row["picked"] for row in rows) == 1
+    for row in rows:
+        _positive_finite(row["ms"], f"{row['form']} ms")
+        assert row["max_abs_difference_to_compact_wy"] < 1e-5
+    assert rows[0]["over_compact_wy"] == 1.0
+    assert "picked" in capsys.readouterr().out
+
+
 def test_soak_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "soak.json"
     argv = ["--backend", bench_backend, "--set", "tiny", "--steps", "20", "--every", "10", "--warmup", "10"]

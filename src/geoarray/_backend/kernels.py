@@ -547,10 +547,13 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
       cost grows with the number of frames as if they were applied one by one (measured on an H200 with
       this form: 336 × Stiefel(49, 7) batched took 20.2 ms per step captured in a CUDA graph, the ViT
       set as 369 separate leaves 20.6 ms, torch's Adam 0.18 ms);
-    * ``"reconstructed"`` — JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 8n): compact WY with the
+    * ``"reconstructed"`` — JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 16n): compact WY with the
       reflectors rebuilt from Y's orthonormality by an n×n LU instead of XLA's QR (jitted, one thread:
       the reconstruction takes 0.42× the QR's time at 4096×128, 0.72× at 1024×64, 0.89× at 256×32, but
-      2.0× at 512×128 and 1.5× for 8 × 256×32);
+      2.0× at 512×128 and 1.5× for 8 × 256×32). A whole jitted Adam step (``benchmarks/section_forms.py
+      --whole-step``, one thread, three runs) with it takes 0.69–0.73× at 4096×128, 0.81–0.85× at
+      2048×128, 0.91–1.02× at 512×32 and 0.98–1.09× at 1024×64 (N = 16n and more), but 1.06–1.15× at
+      1024×128 and 1.11–1.14× at 512×64 (N = 8n), hence 16n;
     * ``"compact-wy"`` — everywhere else: its products are faster for single large frames (one
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
@@ -569,7 +572,7 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
         traceable = not compiling or _TORCH_PACKED_OPS is not None
         if on_cpu and traceable and len(shape) >= 3 and batch >= 16 and n <= 32:
             return "packed"
-    if is_jax(xp) and batch < 8 and n >= 32 and N >= 8 * n:
+    if is_jax(xp) and batch < 8 and n >= 32 and N >= 16 * n:
         return "reconstructed"
     return "compact-wy"
 
