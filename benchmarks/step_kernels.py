@@ -39,19 +39,23 @@ Measured 2026-11-28 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``
 =========  ===================  ================  ===================  ====================
 set        geoarray ÷ kernels   floor ÷ kernels   compiled ÷ kernels   max|floor − geoarray|
 =========  ===================  ================  ===================  ====================
-vit        1.57–1.65×           1.44–1.53×        2.02–2.10×           1.2e-6
-1024x64    1.47–1.58×           1.27–1.32×        1.46–1.56×           1.1e-6
-4096x128   1.10–1.12×           1.09–1.12×        1.07–1.10×           1.0e-6
+vit        1.62–1.74×           1.48–1.55×        2.05–2.16×           1.1e-6
+1024x64    1.42–1.54×           1.25–1.30×        1.44–1.51×           1.1e-6
+4096x128   1.09–1.12×           1.09–1.14×        1.07–1.10×           1.0e-6
 =========  ===================  ================  ===================  ====================
 
-On 2026-11-27, the same code and machine kind, another machine: geoarray 1.68–1.81× (vit), 1.71–1.81×
-(1024×64), 1.14–1.17× (4096×128), floor 1.47–1.50×, 1.33–1.39×, 1.12–1.18×; the kernels' sums move by up
-to 2× between runs on a shared machine, so compare ratios from one run only.
+A ratio can rise when the step gets faster: the ViT step lost a kernel (a² − BᵀB as one product,
+``_backend.skew_square_minus_gram``) and an ormqr's layout copy (its argument assembled column-major),
+which made it 5–7% faster (``ab_step.py``, three runs, 0.93–0.95× of the step before) and its kernels'
+sum 0.1–0.15 ms smaller; the same day, before those two changes, the three runs gave 1.57–1.65× (vit),
+1.47–1.58× and 1.10–1.12×, floor 1.44–1.53×, 1.27–1.32×, 1.09–1.12×. On 2026-11-27, another machine of
+the kind: 1.68–1.81×, 1.71–1.81×, 1.14–1.17×. The kernels' sums move by up to 2× between runs on a shared
+machine, so compare ratios from one run only.
 
 So on the ViT set even a hand-written eager step of this update is at #30's 1.5× of its kernels, not
 within it (each LAPACK call loops over 336 small matrices, and a dozen elementwise passes over the batch
 lie between them), while on a single 1024×64 frame it is well within (1.3×). What geoarray adds on
-top of the floor there (0.35–0.50 ms, 13–16% of its step) is spread thin over many pieces: the non-finite
+top of the floor there (0.31–0.46 ms, 12–16% of its step) is spread thin over many pieces: the non-finite
 policy and the Taylor rule's bound (two reductions and two scalar reads), the compact-WY factors and the
 signs built from the QR (about a dozen n×n and n-vector operations), Adam's pure updates (new arrays
 instead of in-place moments) and the separate learning-rate pass, and the layout, tree and shape
@@ -69,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -148,6 +153,7 @@ def floor_step(Y0, G, *, lr: float = LR, beta1: float = BETA1, beta2: float = BE
     N, n = Y0.shape[-2:]
     batch = tuple(Y0.shape[:-2])
     packed = geoarray._backend.householder_section_form(tuple(Y0.shape), load_namespace("torch")) == "packed"
+    small_frames = n <= 7 and len(batch) > 0 and math.prod(batch) >= 16  # _backend.skew_square_minus_gram's rule
     zeros = lambda rows: torch.zeros(*batch, rows, n, dtype=Y0.dtype)  # noqa: E731
     state = {"Y": Y0.clone(), "t": 0, "m": (zeros(n), zeros(N - n)), "v": (zeros(n), zeros(N - n))}
     eye, eye2, one = torch.eye(n, dtype=Y0.dtype), torch.eye(2 * n, dtype=Y0.dtype), torch.ones((), dtype=Y0.dtype)
@@ -180,7 +186,11 @@ def floor_step(Y0, G, *, lr: float = LR, beta1: float = BETA1, beta2: float = BE
         (mA, mB), (vA, vB) = state["m"], state["v"]
         ha = torch.div(mA, (vA + delta).sqrt_().mul_(-2 / lr))  # ½A of the velocity W = −lr·m/√(v + δ)
         B = torch.div(mB, (vB + delta).sqrt_().mul_(-1 / lr))
-        low = addmm(ha @ ha, B.mT, B, alpha=-1.0)  # c = a² − BᵀB
+        if small_frames:  # c = a² − BᵀB = −[a; B]ᵀ[a; B] (a skew), one product, as geoarray takes it here
+            stacked_t = torch.cat([ha.mT, B.mT], -1)
+            low = -(stacked_t @ stacked_t.mT)
+        else:
+            low = addmm(ha @ ha, B.mT, B, alpha=-1.0)  # c = a² − BᵀB
         alpha = (low.abs().sum(-2).amax(-1) + tiny).sqrt_()[..., None, None]
         X = torch.cat([torch.cat([ha, alpha * eye], -1), torch.cat([low / alpha, ha], -1)], -2)
         # φ₁'s Taylor polynomial of the degree geoarray's eager step picks for the largest bound

@@ -446,6 +446,22 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     assert form((1024, 64), xp) == ("reconstructed" if jax else "compact-wy")
 
 
+@pytest.mark.parametrize(
+    "shape", [(16, 42, 7), (3, 20, 5), (16, 30, 9), (12, 4)], ids=["fast", "few", "wide", "single"]
+)
+def test_skew_square_minus_gram_is_the_retractions_lower_block(xp, device, shape):
+    """c = a² − BᵀB for a skew a, whatever route the backend takes (torch on the CPU: −[a; B]ᵀ[a; B] in one
+    product for batches of ≥ 16 frames with k ≤ 7), equals the two products to 1e-13 (float64, O(1)
+    entries); the result is symmetric."""
+    *batch, m, k = shape
+    g = geoarray.random.normal(0, (*batch, k, k), xp=xp, device=device)
+    a = (g - xp.matrix_transpose(g)) / 2
+    B = geoarray.random.normal(1, (*batch, m, k), xp=xp, device=device)
+    low = _backend.skew_square_minus_gram(a, B, xp)
+    assert_close(low, a @ a - xp.matrix_transpose(B) @ B, xp=xp, atol=1e-13)
+    assert_close(low, xp.matrix_transpose(low), xp=xp, atol=1e-13)
+
+
 def test_packed_section_operators_match_their_fake_kernels(backend, xp, device):
     """The packed section's custom operators (geqrf and ormqr for torch.compile) pass torch's
     ``opcheck``: the fake kernel gives the real one's shapes, dtypes and strides (each matrix column-major,

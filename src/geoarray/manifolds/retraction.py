@@ -258,7 +258,15 @@ def retraction_kernel(halfA: Array, gram: Array, xp: Any, method: str, max_doubl
 
 
 def retract_e(
-    halfA: Array, gram: Array, B: Array, *, xp: Any, method: str, max_doublings: int, static_bound: float | None = None
+    halfA: Array,
+    gram: Array | None,
+    B: Array,
+    *,
+    xp: Any,
+    method: str,
+    max_doublings: int,
+    static_bound: float | None = None,
+    low: Array | None = None,
 ) -> tuple[Array, Array]:
     """The two row blocks of g(W)E: E-rows I + ½A·D₁ + D₂ (k×k) and the other rows B·D₁, where
     D = φ₁(X)[I; ½A] (geodesic) or (I − ½X)⁻¹[I; ½A] (Cayley).
@@ -268,16 +276,22 @@ def retract_e(
     balance it), so that D = D·φ₁(X_b)·[I; a/α] and ‖X_b‖₁ ≤ ‖a‖₁ + ‖c‖₁^½ = O(‖W‖): an optimizer
     step needs no doubling. The bound, not the norm of X_b, sets the scaling (one reduction fewer).
     ``static_bound``: a host float ≥ that bound for every element (:func:`kernel_norm_bound`), which lets a
-    step without host reads take the cheapest fixed route (:func:`_phi1_bounded`).
+    step without host reads take the cheapest fixed route (:func:`_phi1_bounded`). ``low``: c = a² − G
+    when the caller has it cheaper (geodesic only; ``gram`` may then be None).
     """
     k = halfA.shape[-1]
     if method != "geodesic":
+        if gram is None:
+            raise ValueError(f"retract_e: the {method!r} kernel needs gram = B̃B, got None")
         eye = xp.broadcast_to(linalg.eye(k, halfA), halfA.shape)
         c = xp.concat([eye, halfA], axis=-2)  # B″ᵀE, (..., 2k, k)
         D = _backend.solve(linalg.eye(2 * k, halfA) - x_matrix(halfA, gram, xp) / 2, c, xp)
         D_top, D_bot = D[..., :k, :], D[..., k:, :]
         return eye + halfA @ D_top + D_bot, _backend.matmul(B, D_top, xp)
-    low = halfA @ halfA - gram  # c = a² − G
+    if low is None:
+        if gram is None:
+            raise ValueError("retract_e: give gram = B̃B or low = a² − B̃B, got neither")
+        low = halfA @ halfA - gram  # c = a² − G
     # α = ‖c‖₁^½, kept positive for a zero step (c = 0) by the smallest normal number: X_b is then
     # [[a, ~0], [0, a]] and α cancels from D below
     alpha0 = xp.sqrt(_norm1(low, xp) + xp.finfo(low.dtype).smallest_normal)

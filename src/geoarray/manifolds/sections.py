@@ -166,7 +166,11 @@ class PackedHouseholderSection(NamedTuple):
     def apply_blocks(self, top: Array, bottom: Array) -> Array:
         """λ[top; bottom] = Q [S·top; bottom]."""
         xp = array_namespace(top=top, bottom=bottom, Y=self.Y)
-        return self._q(xp.concat([self.signs[..., :, None] * top, bottom], axis=-2), False)
+        # assembled column-major, the layout ormqr works in: the retraction's bottom block arrives
+        # transposed, so the assembly reads it contiguously and ormqr copies nothing (ViT set, one
+        # thread: 0.04 ms of a 0.47 ms application)
+        mT = xp.matrix_transpose
+        return self._q(mT(xp.concat([mT(self.signs[..., :, None] * top), mT(bottom)], axis=-1)), False)
 
     def perp_t(self, D: Array) -> Array:
         """Q⊥ᵀD: the last N − n rows of QᵀD."""

@@ -55,6 +55,11 @@ def _retract_blocks(
     """The E-rows and the other rows of g(W)E, unassembled (for :meth:`OrthonormalFrames.apply_retraction`)."""
     if B.shape[-2] == 0:  # N = n: no other rows, g(W)E = g(A) is n×n (no 2n×2n kernel)
         return retract_square(halfA, xp=xp, method=method, max_doublings=max_doublings), B
+    if method == "geodesic":  # c = a² − BᵀB for the skew a = ½A, by the backend's cheaper route
+        low = _backend.skew_square_minus_gram(halfA, B, xp)
+        return retract_e(
+            halfA, None, B, xp=xp, method=method, max_doublings=max_doublings, static_bound=static_bound, low=low
+        )
     gram = xp.matrix_transpose(B) @ B
     return retract_e(halfA, gram, B, xp=xp, method=method, max_doublings=max_doublings, static_bound=static_bound)
 
