@@ -570,6 +570,28 @@ def test_point_error_and_nearest_point_of_euclidean_and_symplectic_stiefel(xp, d
         S.nearest_point(Y)
 
 
+def test_retract_e_takes_gram_or_the_lower_block_and_refuses_neither(xp, device):
+    """retract_e's geodesic kernel from the Gram block G or from c = a² − G directly gives the same
+    g(W)E blocks to 1e-13 (float64); with neither, or the Cayley kernel without G, it raises ValueError
+    naming what is missing."""
+    from geoarray.manifolds.retraction import retract_e
+
+    M = Stiefel(9, 3)
+    Y, G, _ = _setup(M, xp, device, batch=(2,))
+    W = M.lift(Y, M.global_section(Y), 0.3 * G)
+    a, B = W.A / 2, W.B
+    gram = xp.matrix_transpose(B) @ B
+    kw = {"xp": xp, "max_doublings": 64}
+    from_gram = retract_e(a, gram, B, method="geodesic", **kw)
+    from_low = retract_e(a, None, B, method="geodesic", low=a @ a - gram, **kw)
+    for x, y in zip(from_gram, from_low, strict=True):
+        assert_close(x, y, xp=xp, atol=1e-13)
+    with pytest.raises(ValueError, match="give gram"):
+        retract_e(a, None, B, method="geodesic", **kw)
+    with pytest.raises(ValueError, match="'cayley' kernel needs gram"):
+        retract_e(a, None, B, method="cayley", low=a @ a - gram, **kw)
+
+
 @pytest.mark.parametrize("method", ["geodesic", "cayley"])
 def test_square_fast_path_equals_the_2n_kernel_and_does_not_carry_drift(xp, device, method):
     """O(n) = Stiefel(n, n): the section is Y itself (λE = Y) and g(W)E = exp(A) or Cay(A) from the n×n
