@@ -243,7 +243,7 @@ def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
     six steps of this run; entries O(1e-2) and O(1)), and exactly one is marked as the form
     householder_section_form picks there."""
     if bench_backend == "numpy":
-        pytest.skip("section_forms.py times torch and JAX; the NumPy backend has one form")
+        pytest.skip("section_forms.py times torch (eager) and JAX (jitted); NumPy's forms agree in test_manifolds")
     path = tmp_path / "section_forms.json"
     argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "1"]
     _load("section_forms").main([*argv, *(["--whole-step"] if whole_step else []), "--json", str(path)])

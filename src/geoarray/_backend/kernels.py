@@ -267,8 +267,9 @@ def matmul(A: Array, B: Array, xp: Namespace) -> Array:
 # torch's CPU bmm runs a batched product with k·k·k < 400 (a k×k square, k ≤ 7) unblocked, one matrix at
 # a time: the ViT step's (336, 7, 7)² took 137 µs, as long as the (336, 7, 42)·(336, 42, 7) Gram product
 # beside it. For a skew a, a² − BᵀB = −[a; B]ᵀ[a; B] is one product over all N rows; assembled transposed
-# (B arrives column-major from the lift) it took 0.16 ms against 0.25 ms. Not elsewhere: NumPy took 213 µs
-# against 174 µs, a single tall frame (St(1024, 64)) 3% more per step, 8 frames of St(16, 4) 2% more.
+# (B arrives column-major from the lift) it took 0.16 ms against 0.25 ms (timeit, one thread). Not
+# elsewhere: NumPy took 213 µs against 174 µs; a single tall frame (St(1024, 64)) took 3% more per step
+# (benchmarks/ab_step.py, three runs), 8 frames of St(16, 4) gained nothing.
 
 
 @register_fast_path("skew_square_minus_gram", "torch")
