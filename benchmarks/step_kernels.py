@@ -34,14 +34,20 @@ and ormqr through geoarray's custom operators), its distance to the eager weight
 the compilation's seconds.
 
 Measured 2026-11-28 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``OMP_NUM_THREADS=1
---floor --compile``, default sets and steps, three runs):
+--floor --compile``, default sets and steps, three runs), on two machines of the kind; the second ran
+after the compiled step stopped re-evaluating scalars per vector (below):
 
 =========  ===================  ================  ===================  ====================
 set        geoarray ÷ kernels   floor ÷ kernels   compiled ÷ kernels   max|floor − geoarray|
 =========  ===================  ================  ===================  ====================
+first machine
 vit        1.62–1.74×           1.48–1.55×        2.05–2.16×           1.1e-6
 1024x64    1.42–1.54×           1.25–1.30×        1.44–1.51×           1.1e-6
 4096x128   1.09–1.12×           1.09–1.14×        1.07–1.10×           1.0e-6
+second machine
+vit        1.67–1.84×           1.58–1.65×        1.78–1.94×           1.1e-6
+1024x64    1.48–1.56×           1.28–1.31×        1.46–1.50×           1.1e-6
+4096x128   1.10–1.11×           1.12×             1.07–1.08×           1.0e-6
 =========  ===================  ================  ===================  ====================
 
 A ratio can rise when the step gets faster: the ViT step lost a kernel (a² − BᵀB as one product,
@@ -59,11 +65,21 @@ top of the floor there (0.31–0.46 ms, 12–16% of its step) is spread thin ove
 policy and the Taylor rule's bound (two reductions and two scalar reads), the compact-WY factors and the
 signs built from the QR (about a dozen n×n and n-vector operations), Adam's pure updates (new arrays
 instead of in-place moments) and the separate learning-rate pass, and the layout, tree and shape
-handling of the optimizer around them. Compiling does not help on the CPU: inductor's fused loops over
-the 336 frames of 7 columns cost more than the eager passes they replace (the generated Adam loop evaluates the
-X, so the compiled ViT step is 1.2× the eager one,
-and the two single frames are at the eager ratio; it removes Python's and the dispatcher's work, which
-a GPU step pays per launch (benchmarks/gpu.py).
+handling of the optimizer around them.
+
+Compiling removes Python's and the dispatcher's work (which a GPU step pays per launch,
+``benchmarks/gpu.py``) and meets #30's 1.5× on both single frames, but not on the ViT set. There,
+inductor's code had re-evaluated small scalar results inside its loops: Adam's bias corrections (two
+``pow`` per 16 entries of each moment), a section's signs (a strided gather and a NaN test per row), and
+the Taylor polynomial's contraction over stacked powers had become a (3×2)·(2×65 856) GEMM that MKL ran
+in 0.47 ms. With those stored once (``_backend.computed_once``) and the polynomial's chunks formed by
+scalings under ``torch.compile``, the compiled ViT step went, on the second machine, from 4.71–4.94 ms
+(2.27–2.32× its kernels, 1.23–1.30× the eager step; three runs of this script before the change) to
+3.43–4.05 ms (1.78–1.94×, 1.05–1.07× the eager step), and 1024×64 from 1.52–1.55× to 1.46–1.50×. What
+remains on the ViT set: about 0.3 ms of dynamo's guard evaluation per call (the state's layout and the
+library's module globals; ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` measured 3.29–3.37
+against 3.60–3.67 ms), 20 µs per custom-operator call (three per step), and loops over 7-wide rows that
+inductor vectorizes with masked loads.
 
     python benchmarks/step_kernels.py [--sets vit 1024x64 4096x128] [--steps 30] [--threads 1]
         [--host-reads cpu|never] [--floor] [--compile [MODE]] [--json out.json]

@@ -489,6 +489,42 @@ def test_packed_section_operators_match_their_fake_kernels(backend, xp, device):
     torch.library.opcheck(ormqr, (a.expand(5, 9, 4), tau.expand(5, 4), X, True))
 
 
+def test_computed_once_is_the_identity_and_a_stored_value_when_compiled(xp, device, backend):
+    """``computed_once(x)`` is x itself outside ``torch.compile`` (the same object), on every backend; under
+    ``torch.compile`` it returns x's values exactly (a cumulative sum over an axis of length 1), through a
+    scan the graph keeps, so that inductor stores the value once instead of inlining its computation into
+    every loop that reads it (the bias corrections of Adam, the signs of a section); inductor's own
+    kernels then agree with the eager values to 1e-14 (relative)."""
+    x = asarray(np.array([[0.25, -1.5], [3.0, np.nan]]), xp, device)
+    assert _backend.computed_once(x) is x
+    if backend.kind != "torch":
+        return
+    import torch
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(t, c):
+        coefficient = _backend.computed_once((1 - 0.9) / (1 - 0.9 ** (c + 1)))
+        return t * coefficient, _backend.computed_once(torch.sign(t))
+
+    torch._dynamo.reset()
+    c = torch.tensor(4.0, dtype=x.dtype, device=x.device)
+    got = torch.compile(f, backend=record, fullgraph=True)(x, c)
+    want = f(x, c)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(torch.nan_to_num(g, nan=7.0), torch.nan_to_num(w, nan=7.0))
+        assert torch.equal(torch.isnan(g), torch.isnan(w))
+    kept = [node.target for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")]
+    assert sum(1 for t in kept if "cumsum" in str(t)) == 2, kept
+    fused = torch.compile(f, backend="inductor", fullgraph=True)(x, c)  # its own kernels: to rounding
+    for g, w in zip(fused, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-14, atol=0.0, equal_nan=True)
+
+
 def test_float32_products_are_full_float32(xp, device):
     """The suite's float32 tolerances assume IEEE float32 matrix products; on a GPU, TF32 (JAX's default
     on Ampere and later, 10 mantissa bits) is switched off by tests/_helpers.py. A 256×256 product of

@@ -37,6 +37,7 @@ from .control import (  # noqa: F401
     all_finite,
     all_finite_on_host,
     compiled,
+    computed_once,
     ensure_static_nodes,
     fori_loop,
     get_host_reads,

@@ -348,7 +348,9 @@ def eye(n: int, m: int | None, like: Array, xp: Namespace) -> Array:
 def _lerp_torch(a: Array, b: Array, weight: Any) -> Array:
     import torch
 
-    if a.shape != b.shape:
+    # compiled, inductor spells a lerp by an array weight as two formulas and a select per entry
+    # (exact at both ends); a + w·(b − a) fuses into the loop around it as one multiply-add
+    if a.shape != b.shape or (is_compiling() and isinstance(weight, torch.Tensor)):
         return NotImplemented
     return torch.lerp(a, b, weight)
 

@@ -197,8 +197,9 @@ def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSecti
 def _signs(d: Array, xp: Any) -> Array:
     """S = sign(diag R), entries ±1: R's diagonal for an orthonormal Y is ±1 up to rounding (0 only for
     a rank-deficient Y, which no section completes). One operation (two on torch, whose NaN needs a
-    select: :func:`geoarray._backend.sign`), where a comparison and a select were five."""
-    return _backend.sign(d, xp)
+    select: :func:`geoarray._backend.sign`), where a comparison and a select were five. Stored once under
+    ``torch.compile`` (:func:`geoarray._backend.computed_once`), not recomputed in every loop that reads S."""
+    return _backend.computed_once(_backend.sign(d, xp))
 
 
 def _concat_rows(blocks: tuple[Array, Array]) -> Array:

@@ -330,7 +330,9 @@ def scale_by_adam(
             key = (str(g.dtype), str(_backend.device(g)))
             if key not in coefficients:
                 t = count_as_float(count, g)
-                coefficients[key] = ((1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t))
+                both = array_namespace(g).stack([(1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t)])
+                both = _backend.computed_once(both)  # compiled: not two pows per vector of each moment's loop
+                coefficients[key] = (both[0], both[1])
             return coefficients[key]
 
         def first(m: Array, g: Array) -> Array:
