@@ -108,6 +108,7 @@ __all__ = [
     "clip",
     "commit_to",
     "compiled",
+    "computed_once",
     "default_float",
     "device",
     "dtype_name",
