@@ -413,7 +413,8 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     custom operator with a fake kernel, the retraction's doubling loop as a while_loop) and equals eager
     to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding); ``scale`` 300 forces doublings. The
     AOT backend ("aot_eager") checks tracing and functionalisation without the minutes of C++ compilation
-    that inductor takes (benchmarks time it)."""
+    that inductor takes (benchmarks time it). The traced graph stores small results once (a cumsum,
+    ``_backend.computed_once``) and has no contraction over stacked powers."""
     if backend.kind != "torch":
         pytest.skip("torch.compile exists only on the torch backend")
     import torch
@@ -448,6 +449,10 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     assert packed == (batched and torch.device(device).type == "cpu")
     assert ("geoarray.ormqr.default" in traced) == packed, sorted(t for t in traced if "geoarray" in t)
     assert ("geoarray.geqrf_packed.default" in traced) == packed
+    # small results are stored once (Adam's bias corrections, the section's signs: _backend.computed_once,
+    # a cumsum), and φ₁'s Taylor chunks are scalings, not a contraction inductor would make a thin GEMM
+    assert any("cumsum" in t for t in traced), sorted(traced)
+    assert not any("tensordot" in t for t in traced), sorted(traced)
 
 
 def test_jax_vmap_of_update_equals_a_loop(backend, xp, device):
