@@ -520,6 +520,8 @@ def test_computed_once_is_the_identity_and_a_stored_value_when_compiled(xp, devi
         assert torch.equal(torch.isnan(g), torch.isnan(w))
     kept = [node.target for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")]
     assert sum(1 for t in kept if "cumsum" in str(t)) == 2, kept
+    counts = torch.arange(3, dtype=torch.int32, device=x.device)  # not floating: itself, of its dtype
+    assert torch.compile(_backend.computed_once, backend=record, fullgraph=True)(counts).dtype == torch.int32
     fused = torch.compile(f, backend="inductor", fullgraph=True)(x, c)  # its own kernels: to rounding
     for g, w in zip(fused, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-14, atol=0.0, equal_nan=True)

@@ -122,7 +122,8 @@ def is_traced(x: Any) -> bool:
 
 
 def computed_once(x: Array) -> Array:
-    """``x`` itself; under ``torch.compile``, ``x`` kept as a stored value that the loops reading it load.
+    """``x`` itself; under ``torch.compile``, a floating ``x`` kept as a stored value that the loops reading
+    it load.
 
     Inductor inlines a small pointwise result into every fused loop that reads it and evaluates it
     again per vector there: Adam's bias corrections (1 − β)/(1 − βᵗ), two ``pow`` per 16 entries of each
@@ -133,8 +134,8 @@ def computed_once(x: Array) -> Array:
     identity, exactly.
     """
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor) or not is_compiling():
-        return x
+    if torch is None or not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or not is_compiling():
+        return x  # (an integer cumsum would come back as int64)
     return torch.cumsum(x[..., None], dim=-1)[..., 0]
 
 
