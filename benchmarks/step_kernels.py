@@ -76,10 +76,11 @@ in 0.47 ms. With those stored once (``_backend.computed_once``) and the polynomi
 scalings under ``torch.compile``, the compiled ViT step went, on the second machine, from 4.71–4.94 ms
 (2.27–2.32× its kernels, 1.23–1.30× the eager step; three runs of this script before the change) to
 3.43–4.05 ms (1.78–1.94×, 1.05–1.07× the eager step), and 1024×64 from 1.52–1.55× to 1.46–1.50×. What
-remains on the ViT set: about 0.3 ms of dynamo's guard evaluation per call (the state's layout and the
-library's module globals; ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` measured 3.29–3.37
-against 3.60–3.67 ms), 20 µs per custom-operator call (three per step), and loops over 7-wide rows that
-inductor vectorizes with masked loads.
+remains on the ViT set: about 0.3 ms of dynamo's guard evaluation per call (what
+``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` saves: 3.29–3.37 against 3.60–3.67 ms, three
+pairs; dropping only the guards on globals, ``skip_guard_on_globals_unsafe``, saved nothing measurable),
+20 µs per custom-operator call (three per step), and loops over 7-wide rows that inductor vectorizes
+with masked loads.
 
     python benchmarks/step_kernels.py [--sets vit 1024x64 4096x128] [--steps 30] [--threads 1]
         [--host-reads cpu|never] [--floor] [--compile [MODE]] [--json out.json]
