@@ -330,9 +330,9 @@ def scale_by_adam(
             key = (str(g.dtype), str(_backend.device(g)))
             if key not in coefficients:
                 t = count_as_float(count, g)
-                both = array_namespace(g).stack([(1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t)])
-                both = _backend.computed_once(both)  # compiled: not two pows per vector of each moment's loop
-                coefficients[key] = (both[0], both[1])
+                # computed_once: compiled, not two pows per vector of each moment's loop (eagerly nothing)
+                c1, c2 = (1 - b1) / (1 - b1**t), (1 - b2) / (1 - b2**t)
+                coefficients[key] = (_backend.computed_once(c1), _backend.computed_once(c2))
             return coefficients[key]
 
         def first(m: Array, g: Array) -> Array:
