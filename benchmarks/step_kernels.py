@@ -31,24 +31,32 @@ floor's largest distance to geoarray's weight.
 of #30, item 3) on its own copy of the state, interleaved with the rest: ``compiled/kernels`` against the
 eager step's kernels (the compiled step calls the same LAPACK and GEMM kernels: the packed section's geqrf
 and ormqr through geoarray's custom operators), its distance to the eager weight after the timing, and
-the compilation's seconds.
+the compilation's seconds; and, without a MODE, the same compile with
+``options={"guard_filter_fn": geoarray.torch.skip_guards_on_library_globals}``
+(``lib-guards-skipped/kernels``), each in its own dynamo cache.
 
 Measured 2026-11-28 (torch 2.13 CPU, AMD EPYC, 2 cores, nothing else running; ``OMP_NUM_THREADS=1
---floor --compile``, default sets and steps, three runs), on two machines of the kind; the second ran
-after the compiled step stopped re-evaluating scalars per vector (below):
+--floor --compile``, default sets and steps, three runs), on three machines of the kind; the second ran
+after the compiled step stopped re-evaluating scalars per vector, the third after the guard filter, the
+fixed φ₁ route under ``torch.compile`` and unaliased fresh states (below):
 
-=========  ===================  ================  ===================  ====================
-set        geoarray ÷ kernels   floor ÷ kernels   compiled ÷ kernels   max|floor − geoarray|
-=========  ===================  ================  ===================  ====================
+=========  ==================  ===============  ==================  ===========================  =====================
+set        geoarray ÷ kernels  floor ÷ kernels  compiled ÷ kernels  compiled, library guards      max|floor − geoarray|
+                                                                    skipped, ÷ kernels
+=========  ==================  ===============  ==================  ===========================  =====================
 first machine
-vit        1.62–1.74×           1.48–1.55×        2.05–2.16×           1.1e-6
-1024x64    1.42–1.54×           1.25–1.30×        1.44–1.51×           1.1e-6
-4096x128   1.09–1.12×           1.09–1.14×        1.07–1.10×           1.0e-6
+vit        1.62–1.74×          1.48–1.55×       2.05–2.16×          —                            1.1e-6
+1024x64    1.42–1.54×          1.25–1.30×       1.44–1.51×          —                            1.1e-6
+4096x128   1.09–1.12×          1.09–1.14×       1.07–1.10×          —                            1.0e-6
 second machine
-vit        1.67–1.84×           1.58–1.65×        1.78–1.94×           1.1e-6
-1024x64    1.48–1.56×           1.28–1.31×        1.46–1.50×           1.1e-6
-4096x128   1.10–1.11×           1.12×             1.07–1.08×           1.0e-6
-=========  ===================  ================  ===================  ====================
+vit        1.67–1.84×          1.58–1.65×       1.78–1.94×          —                            1.1e-6
+1024x64    1.48–1.56×          1.28–1.31×       1.46–1.50×          —                            1.1e-6
+4096x128   1.10–1.11×          1.12×            1.07–1.08×          —                            1.0e-6
+third machine
+vit        1.68–1.81×          1.56–1.64×       1.55–1.63×          1.41–1.48×                   1.1e-6
+1024x64    1.43–1.48×          1.25–1.28×       1.32–1.36×          1.16–1.20×                   1.1e-6
+4096x128   1.10–1.11×          1.10–1.11×       1.06–1.07×          1.04×                        1.0e-6
+=========  ==================  ===============  ==================  ===========================  =====================
 
 A ratio can rise when the step gets faster: the ViT step lost a kernel (a² − BᵀB as one product,
 ``_backend.skew_square_minus_gram``) and an ormqr's layout copy (its argument assembled column-major),
@@ -75,12 +83,31 @@ the Taylor polynomial's contraction over stacked powers had become a (3×2)·(2�
 in 0.47 ms. With those stored once (``_backend.computed_once``) and the polynomial's chunks formed by
 scalings under ``torch.compile``, the compiled ViT step went, on the second machine, from 4.71–4.94 ms
 (2.27–2.32× its kernels, 1.23–1.30× the eager step; three runs of this script before the change) to
-3.43–4.05 ms (1.78–1.94×, 1.05–1.07× the eager step), and 1024×64 from 1.52–1.55× to 1.46–1.50×. What
-remains on the ViT set: about 0.3 ms of dynamo's guard evaluation per call (what
+3.43–4.05 ms (1.78–1.94×, 1.05–1.07× the eager step), and 1024×64 from 1.52–1.55× to 1.46–1.50×.
+
+What remained on the ViT set was mostly dynamo's guard evaluation per call (what
 ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` saves: 3.29–3.37 against 3.60–3.67 ms, three
-pairs; dropping only the guards on globals, ``skip_guard_on_globals_unsafe``, saved nothing measurable),
-20 µs per custom-operator call (three per step), and loops over 7-wide rows that inductor vectorizes
-with masked loads.
+pairs). Timed alone in a tight loop the guards take 22 µs, which is why a first try of
+``skip_guard_on_globals_unsafe`` measured no gain; between other work, as here and in training, checking
+the guards on module globals (624 of the step's 790 then, 461 of 604 now) costs 0.2–0.3 ms. Before the
+changes below, the inductor graph of the ViT step alone, called with the step's tensors, took 2.63–2.67
+ms, the whole compiled call 3.11–3.21 ms with all guards and 2.79–2.87 ms with none (three interleaved
+runs of 300 calls): 0.3 ms of guards and 0.15–0.2 ms of dynamo's and AOT autograd's wrappers. The
+globals belong to geoarray, ``array_api_compat``, optree and torch, which a training loop does not
+reassign, and ``geoarray.torch.skip_guards_on_library_globals`` drops exactly their guards. At the same time the
+compiled step stopped tracing φ₁'s top Taylor rule and a ``while_loop`` of doublings where Adam's step
+bound names a cheaper fixed route (degree 5 on the ViT weights; on the CPU only routes without
+doublings, since the loop reads its trip count for free there), small identities entered its graph as
+constants instead of ``torch.eye`` (whose index comparison kept inductor's loops over 336 × 14×14
+three-dimensional with masked loads: 0.96–0.97× the compiled ViT step, three interleaved runs of 300
+steps against the same compile with ``torch.eye``), geoarray's LAPACK operators were defined through
+``torch.library.Library`` instead of ``custom_op`` (7.7 instead of 16.3 µs per call, three per step),
+and a fresh Adam state stopped sharing one zero buffer between its two moments, which had made dynamo
+compile the first step apart (the ViT step compiles in 3.2–3.4 s, once). On the third machine the
+compiled ViT step took 3.01–3.22 ms with all guards and 2.72–2.93 ms with the library's skipped, against
+3.26–3.57 ms eagerly: within #30's 1.5× of its kernels on all three sets with the filter, and faster than
+the hand-written eager floor. What remains there: the wrappers around the graph, the scalar loops of the
+7-wide norms, and the two masks of the non-finite policy over the whole batch.
 
     python benchmarks/step_kernels.py [--sets vit 1024x64 4096x128] [--steps 30] [--threads 1]
         [--host-reads cpu|never] [--floor] [--compile [MODE]] [--json out.json]
@@ -234,15 +261,19 @@ def floor_step(Y0, G, *, lr: float = LR, beta1: float = BETA1, beta2: float = BE
     return step, state
 
 
-def compiled_step(opt, params, grads, state, mode: str | None):
+def compiled_step(opt, params, grads, state, mode: str | None, skip_library_guards: bool = False):
     """(step, holder, seconds of the first call): ``torch.compile(opt.update, fullgraph=True)`` with
-    inductor on its own copy of the state, stepped once (the compilation) before the timing."""
+    inductor on its own copy of the state, stepped once (the compilation) before the timing; with
+    ``skip_library_guards``, ``options={"guard_filter_fn": geoarray.torch.skip_guards_on_library_globals}``.
+    Each call compiles into its own cache (``isolate_recompiles``), so the two variants never share a graph."""
     import time
 
     import torch
 
-    torch._dynamo.reset()  # dynamo caches by code object: another set's graph would be reused, shape-generic
-    update = torch.compile(opt.update, fullgraph=True, mode=mode)
+    import geoarray.torch as gt
+
+    options = {"guard_filter_fn": gt.skip_guards_on_library_globals} if skip_library_guards else None
+    update = torch.compile(opt.update, fullgraph=True, mode=mode, options=options, isolate_recompiles=True)
     holder = [dict(params), state]
 
     @torch.no_grad()
@@ -274,8 +305,11 @@ def bench(name: str, steps: int, host_reads: str, floor: bool = False, compile_m
             fns["floor"] = floor_fn
             floor_fn(), floor_fn()  # as many steps as geoarray's two below
         if compile_mode is not None:
+            torch._dynamo.reset()  # dynamo caches by code object: another set's graph would be reused, shape-generic
             compiled_fn, compiled_holder, compile_s = compiled_step(opt, params, grads, holder[1], compile_mode or None)
             fns["compiled"] = compiled_fn
+            if not compile_mode:  # torch.compile takes a mode or options, not both
+                fns["compiled_lg"], lg_holder, _ = compiled_step(opt, params, grads, holder[1], None, True)
         step()
         calls = record_kernels(step)
         fns.update({f"{i}:{c[0]}": c[2] for i, c in enumerate(calls)})
@@ -298,6 +332,14 @@ def bench(name: str, steps: int, host_reads: str, floor: bool = False, compile_m
             "compile_s": compile_s,
             "compiled_max_abs_difference_to_geoarray": float((compiled_holder[0]["W"] - holder[0]["W"]).abs().max()),
         }
+        if "compiled_lg" in fns:
+            extra |= {
+                "compiled_skip_library_guards_ms": 1e3 * times["compiled_lg"],
+                "ratio_compiled_skip_library_guards_over_kernels": times["compiled_lg"] / total,
+                "compiled_skip_library_guards_max_abs_difference_to_geoarray": float(
+                    (lg_holder[0]["W"] - holder[0]["W"]).abs().max()
+                ),
+            }
     return {
         "set": name,
         "host_reads": host_reads,
@@ -321,7 +363,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         const="",
         default=None,
         metavar="MODE",
-        help="also time torch.compile(opt.update, fullgraph=True[, mode=MODE]) with inductor (compiles for a minute)",
+        help="also time torch.compile(opt.update, fullgraph=True[, mode=MODE]) with inductor, and without MODE "
+        "the same with options={'guard_filter_fn': geoarray.torch.skip_guards_on_library_globals} (a minute)",
     )
     add_timing_arguments(parser, steps=30)
     args = parse_timing_arguments(parser, argv)
@@ -333,6 +376,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     floor_head = f" {'floor ms':>8} {'floor/kernels':>13} {'|floor − step|':>14}" if args.floor else ""
     if args.compile is not None:
         floor_head += f" {'compiled ms':>11} {'compiled/kernels':>16} {'|compiled − step|':>17} {'compile s':>9}"
+        if not args.compile:
+            floor_head += f" {'lib-guards-skipped/kernels':>26}"
     print(
         f"{'set':9} {'step ms':>8} {'kernels ms':>10} {'kernels':>7} {'step/kernels':>12}{floor_head}   "
         "largest kernels (ms)"
@@ -353,6 +398,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f" {row['compiled_ms']:11.3f} {row['ratio_compiled_over_kernels']:15.2f}× "
                 f"{row['compiled_max_abs_difference_to_geoarray']:17.1e} {row['compile_s']:9.1f}"
             )
+            if "ratio_compiled_skip_library_guards_over_kernels" in row:
+                floor_cols += f" {row['ratio_compiled_skip_library_guards_over_kernels']:25.2f}×"
         print(
             f"{name:9} {row['step_ms']:8.3f} {row['kernels_ms']:10.3f} {row['n_kernels']:7d} "
             f"{row['ratio_step_over_kernels']:11.2f}×{floor_cols}   {largest}"

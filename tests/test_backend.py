@@ -463,7 +463,7 @@ def test_skew_square_minus_gram_is_the_retractions_lower_block(xp, device, shape
 
 
 def test_packed_section_operators_match_their_fake_kernels(backend, xp, device):
-    """The packed section's custom operators (geqrf and ormqr for torch.compile) pass torch's
+    """The packed section's operators (geqrf and ormqr for torch.compile) pass torch's
     ``opcheck``: the fake kernel gives the real one's shapes, dtypes and strides (each matrix column-major,
     as LAPACK makes it), and the schema holds; and they equal torch.geqrf / torch.ormqr exactly (the
     same calls). Batched, a single frame, and an expanded (broadcast) factor as the section passes it."""

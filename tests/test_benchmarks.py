@@ -171,8 +171,9 @@ def test_step_kernels_json(bench_backend, tmp_path, capsys):
 
 def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
     """step_kernels.py --compile times torch.compile(opt.update, fullgraph=True) with inductor against the
-    same kernels: the compiled step took as many steps from the same start as the eager one, and lands on
-    the same weight to float32 rounding (2e-6; two code paths)."""
+    same kernels, with all guards and with the library's globals unguarded
+    (``geoarray.torch.skip_guards_on_library_globals``): each compiled step took as many steps from the
+    same start as the eager one, and lands on the same weight to float32 rounding (2e-6; two code paths)."""
     if bench_backend != "torch":
         pytest.skip("step_kernels.py times torch.compile")
     path = tmp_path / "step_kernels.json"
@@ -182,7 +183,10 @@ def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
         _positive_finite(row[key], key)
     assert math.isclose(row["ratio_compiled_over_kernels"], row["compiled_ms"] / row["kernels_ms"], rel_tol=1e-9)
     assert row["compiled_max_abs_difference_to_geoarray"] < 2e-6
-    assert "compiled/kernels" in capsys.readouterr().out
+    _positive_finite(row["compiled_skip_library_guards_ms"], "compiled_skip_library_guards_ms")
+    assert row["compiled_skip_library_guards_max_abs_difference_to_geoarray"] < 2e-6
+    out = capsys.readouterr().out
+    assert "compiled/kernels" in out and "lib-guards-skipped/kernels" in out
 
 
 @pytest.mark.parametrize("shape", [(16, 12, 3), (8, 16, 4), (40, 5)], ids=["packed", "batched-wy", "single-wy"])

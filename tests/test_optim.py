@@ -410,8 +410,11 @@ def test_jit_equals_eager(backend, xp, device, section):
 @pytest.mark.parametrize("scale", [1.0, 300.0])
 def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, device, host_reads_policy, scale, batched):
     """torch.compile(opt.update, fullgraph=True) traces a step without a graph break (geqrf through a
-    custom operator with a fake kernel, the retraction's doubling loop as a while_loop) and equals eager
-    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding); ``scale`` 300 forces doublings. The
+    custom operator with a fake kernel; φ₁ by the fixed route that Adam's step bound names, or where the
+    bound names none, its doubling loop as a while_loop) and equals eager
+    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding), compiling once for all three;
+    small identities enter the graph as constants, not as ``torch.eye``;
+    ``scale`` 300 forces doublings. The
     AOT backend ("aot_eager") checks tracing and functionalisation without the minutes of C++ compilation
     that inductor takes (benchmarks time it). The traced graph stores small results once (a cumsum,
     ``_backend.computed_once``) and has no contraction over stacked powers."""
@@ -419,6 +422,7 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
         pytest.skip("torch.compile exists only on the torch backend")
     import torch
 
+    torch._dynamo.reset()  # dynamo caches by code object: this test counts its own compilations
     if scale > 1:  # the eager reference reads its doublings' count (a GPU's default reads nothing, and
         host_reads_policy("always")  # these steps are beyond the fixed budget); compiled, the count is a tensor
     params, mans, grads = _mixed_problem(xp, device, "householder")
@@ -426,12 +430,17 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
         M = Stiefel(6, 2)
         params, mans = {"Y": M.random(0, xp=xp, batch_shape=(16,), device=device)}, {"Y": M}
         grads = lambda p: {"Y": p["Y"] * 0.3 - 0.1}  # noqa: E731
+    packed = _backend.householder_section_form(tuple(params["Y"].shape), xp, device) == "packed"
+    if not packed:  # the first point in the layout the step returns (compact WY: row-major; LAPACK's packed
+        params["Y"] = params["Y"].contiguous()  # form: column-major, as random's QR makes it): one graph
     opt = optim.Adam(5e-2 * scale)
     state = opt.init(params, mans)
     traced: set[str] = set()
+    graphs = []
     aot_eager = torch._dynamo.lookup_backend("aot_eager")
 
     def recording(gm, example_inputs):  # the operators dynamo traced, then aot_eager as before
+        graphs.append(gm)
         traced.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
         return aot_eager(gm, example_inputs)
 
@@ -444,15 +453,21 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     # host eagerly and on the device compiled; the φ₁ rule), which lr = 15 with doublings amplifies to ~1e-11
     for a, b in zip(optree.tree_leaves((pe, se)), optree.tree_leaves((pc, sc)), strict=True):
         assert_close(b, a, xp=xp, atol=1e-10 if batched or scale > 1 else 1e-12)
+    # one graph serves init's state and every later one (no aliased buffers to trace apart)
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 3 steps"
     # the compiled step keeps the eager step's section form (the packed one through geoarray's operators)
-    packed = _backend.householder_section_form(tuple(params["Y"].shape), xp, device) == "packed"
     assert packed == (batched and torch.device(device).type == "cpu")
-    assert ("geoarray.ormqr.default" in traced) == packed, sorted(t for t in traced if "geoarray" in t)
-    assert ("geoarray.geqrf_packed.default" in traced) == packed
+    assert ("geoarray_lapack.ormqr.default" in traced) == packed, sorted(t for t in traced if "geoarray" in t)
+    assert ("geoarray_lapack.geqrf_packed.default" in traced) == packed
     # small results are stored once (Adam's bias corrections, the section's signs: _backend.computed_once,
     # a cumsum), and φ₁'s Taylor chunks are scalings, not a contraction inductor would make a thin GEMM
     assert any("cumsum" in t for t in traced), sorted(traced)
+    # Adam's steps at lr 0.05 are bounded (kernel_norm_bound): a fixed Taylor route, no doubling loop;
+    # at lr 15 the bound needs more doublings than a fixed route takes, and the loop is traced
+    assert any("while_loop" in t for t in traced) == (scale > 1), sorted(traced)
     assert not any("tensordot" in t for t in traced), sorted(traced)
+    # small identities are stored constants, not torch.eye (which inductor spells as an index comparison)
+    assert not any("eye" in t for t in traced), sorted(traced)
 
 
 def test_jax_vmap_of_update_equals_a_loop(backend, xp, device):

@@ -11,6 +11,8 @@ Properties, on every backend:
   ``riemannian`` chain, Muon, ManifoldMuon, partition) saves and loads bit-exactly, and the resumed run
   equals the uninterrupted one bit for bit; a state of another optimizer is refused by name;
 * ``update(..., check=False)`` computes what ``update`` computes (the same code without the checks);
+* no two arrays of a fresh state are one object (aliased buffers make ``torch.compile`` trace the first
+  step as a graph of its own, and would let an in-place update of one field write another);
 * :mod:`geoarray.optim.layout` packs and unpacks exactly (a permutation of the leaves' entries).
 """
 
@@ -170,6 +172,20 @@ def test_update_without_checks_is_the_same_computation(xp, device, name):
     checked = opt.update(params, g, state)
     unchecked = opt.update(params, g, state, check=False)
     _assert_bit_equal(checked, unchecked)
+
+
+@pytest.mark.parametrize("name", [*sorted(OPTIMIZERS), "torch-rules Adam (amsgrad)"])
+def test_no_two_arrays_of_a_fresh_state_are_one_object(xp, device, name):
+    if name in OPTIMIZERS:
+        opt = OPTIMIZERS[name]()
+    else:  # the rule behind geoarray.torch.Adam, with all three of its buffers
+        opt = optim.riemannian(
+            optim.chain(optim.torch_rules.scale_by_torch_adam(amsgrad=True), optim.scale_by_learning_rate(0.02))
+        )
+    params, mans = _setup(name, xp, device)
+    leaves = optree.tree_leaves(opt.init(params, mans))
+    ids = [id(x) for x in leaves]
+    assert len(leaves) > 1 and len(set(ids)) == len(ids), [type(x).__name__ for x in leaves]
 
 
 def test_the_layout_is_a_static_node_of_the_state(xp, device):

@@ -323,11 +323,23 @@ def split(x: Array, sizes: list[int], xp: Namespace) -> list:
 # step builds a few identities.
 
 
+# Under torch.compile an identity of a few rows is a stored constant, not torch.eye: inductor spells eye as
+# a comparison of loop indices, which keeps every loop that adds it to a batch of small matrices
+# (φ₁'s Taylor chunks, the retraction kernel's X) three-dimensional, with masked loads of 7 or 14
+# entries; loaded from memory by its flat index, the batch runs as one contiguous vectorized loop
+# (336 × 14×14, one thread: two such chunks 89 → 36 µs per call).
+_EYE_AS_CONSTANT_BELOW = 33
+
+
 @register_fast_path("eye", "torch")
 def _eye_torch(n: int, m: int | None, like: Array) -> Array:
     import torch
 
-    return torch.eye(n, n if m is None else m, dtype=like.dtype, device=like.device)
+    m = n if m is None else m
+    if is_compiling() and n < _EYE_AS_CONSTANT_BELOW and m < _EYE_AS_CONSTANT_BELOW:
+        rows = [[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)]
+        return torch.tensor(rows, dtype=like.dtype, device=like.device)
+    return torch.eye(n, m, dtype=like.dtype, device=like.device)
 
 
 def eye(n: int, m: int | None, like: Array, xp: Namespace) -> Array:
@@ -502,28 +514,52 @@ def _split_geqrf(a: Array, tau: Array, xp: Namespace, *, column_major: bool = Tr
     return V, tau, xp.triu(top)
 
 
+_TORCH_LIBRARY: Any = None  # torch's operator namespace of this package; its operators live as long as it
+# named after the package: a second copy imported under another name (benchmarks/ab_step.py imports a git
+# revision as geoarray_base) defines its operators in a namespace of its own instead of clashing; "_lapack"
+# keeps it apart from "geoarray", where revisions before this one defined theirs with custom_op
+_TORCH_OPS_NAMESPACE = __name__.partition(".")[0] + "_lapack"
+
+
+def _define_torch_op(name: str, schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+    """``torch.ops.geoarray_lapack.<name>``: ``impl`` on every device, ``fake`` (shapes, dtypes and strides only)
+    for tracing. Defined through ``torch.library.Library`` rather than ``torch.library.custom_op``: the same
+    operator to ``torch.compile``, dispatched without custom_op's Python autograd layers (a call on a
+    small batch costs 7.7 instead of 16.3 µs, one thread; a packed ViT step makes three)."""
+    global _TORCH_LIBRARY
+    import torch
+
+    namespace = getattr(torch.ops, _TORCH_OPS_NAMESPACE)
+    if hasattr(namespace, name):  # defined already (this module imported again, as by importlib.reload)
+        return getattr(namespace, name).default
+    if _TORCH_LIBRARY is None:
+        _TORCH_LIBRARY = torch.library.Library(_TORCH_OPS_NAMESPACE, "FRAGMENT")
+    _TORCH_LIBRARY.define(name + schema)
+    _TORCH_LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{_TORCH_OPS_NAMESPACE}::{name}", fake, lib=_TORCH_LIBRARY)
+    return getattr(namespace, name).default
+
+
 _TORCH_GEQRF_OP: Any = None
 
 
 def torch_geqrf_op() -> Callable[..., Any]:
-    """``torch.geqrf`` as a custom operator with a fake (shape-only) kernel: torch 2.13's geqrf has
-    none, so without this wrapper torch.compile cannot trace an optimizer step and falls back to eager.
+    """``torch.geqrf`` as an operator with a fake (shape-only) kernel: torch 2.13's geqrf has none, so
+    without this wrapper torch.compile cannot trace an optimizer step and falls back to eager.
     Registered on the first eager call (an optimizer's ``init`` makes one), never while tracing."""
     global _TORCH_GEQRF_OP
     if _TORCH_GEQRF_OP is None:
         import torch
 
-        @torch.library.custom_op("geoarray::geqrf", mutates_args=(), schema="(Tensor A) -> (Tensor, Tensor)")
         def geqrf(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             a, tau = torch.geqrf(A)
             return a.contiguous(), tau  # row-major, as the fake kernel promises
 
-        @geqrf.register_fake
-        def _(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def fake(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             k = min(A.shape[-2], A.shape[-1])
             return torch.empty_like(A, memory_format=torch.contiguous_format), A.new_empty((*A.shape[:-2], k))
 
-        _TORCH_GEQRF_OP = geqrf
+        _TORCH_GEQRF_OP = _define_torch_op("geqrf", "(Tensor A) -> (Tensor, Tensor)", geqrf, fake)
     return _TORCH_GEQRF_OP
 
 
@@ -536,37 +572,33 @@ def _column_major(X: Any) -> Any:
 
 
 def torch_packed_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(geqrf, ormqr) of the packed Householder section as custom operators with fake (shape-only)
-    kernels, so that ``torch.compile`` traces the packed form instead of falling back to compact WY
-    (torch 2.13's geqrf has no fake kernel; its ormqr has none that inductor keeps as a library call).
-    Both return LAPACK's layout, each matrix column-major as the real kernels make it, so that a
-    factor goes from geqrf to ormqr without a copy. Registered on the first eager call, never while
-    tracing."""
+    """(geqrf, ormqr) of the packed Householder section as operators with fake (shape-only) kernels, so
+    that ``torch.compile`` traces the packed form instead of falling back to compact WY (torch 2.13's
+    geqrf has no fake kernel; its ormqr has none that inductor keeps as a library call). Both return
+    LAPACK's layout, each matrix column-major as the real kernels make it, so that a factor goes from
+    geqrf to ormqr without a copy. Registered on the first eager call, never while tracing."""
     global _TORCH_PACKED_OPS
     if _TORCH_PACKED_OPS is None:
         import torch
 
-        @torch.library.custom_op("geoarray::geqrf_packed", mutates_args=(), schema="(Tensor A) -> (Tensor, Tensor)")
         def geqrf(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             a, tau = torch.geqrf(A)
             return _column_major(a), tau
 
-        @geqrf.register_fake
-        def _(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def geqrf_fake(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             k = min(A.shape[-2], A.shape[-1])
             return A.new_empty((*A.shape[:-2], A.shape[-1], A.shape[-2])).mT, A.new_empty((*A.shape[:-2], k))
 
-        @torch.library.custom_op(
-            "geoarray::ormqr", mutates_args=(), schema="(Tensor a, Tensor tau, Tensor X, bool transpose) -> Tensor"
-        )
         def ormqr(a: torch.Tensor, tau: torch.Tensor, X: torch.Tensor, transpose: bool) -> torch.Tensor:
             return _column_major(torch.ormqr(a, tau, X, left=True, transpose=transpose))
 
-        @ormqr.register_fake
-        def _(a: torch.Tensor, tau: torch.Tensor, X: torch.Tensor, transpose: bool) -> torch.Tensor:
+        def ormqr_fake(a: torch.Tensor, tau: torch.Tensor, X: torch.Tensor, transpose: bool) -> torch.Tensor:
             return X.new_empty((*X.shape[:-2], X.shape[-1], X.shape[-2])).mT
 
-        _TORCH_PACKED_OPS = (geqrf, ormqr)
+        _TORCH_PACKED_OPS = (
+            _define_torch_op("geqrf_packed", "(Tensor A) -> (Tensor, Tensor)", geqrf, geqrf_fake),
+            _define_torch_op("ormqr", "(Tensor a, Tensor tau, Tensor X, bool transpose) -> Tensor", ormqr, ormqr_fake),
+        )
     return _TORCH_PACKED_OPS
 
 

@@ -139,8 +139,8 @@ def scale_by_torch_adam(
     amsgrad, decoupled = bool(amsgrad), bool(decoupled_weight_decay)
 
     def init(params: Any) -> ScaleByTorchAdamState:
-        zeros = zeros_like_tree(params)
-        return ScaleByTorchAdamState(zero_count(params), zeros, zeros, zeros if amsgrad else ())
+        mu, nu = zeros_like_tree(params), zeros_like_tree(params)
+        return ScaleByTorchAdamState(zero_count(params), mu, nu, zeros_like_tree(params) if amsgrad else ())
 
     def compute(t: Any) -> tuple:
         beta1_, beta2_ = b1(t), b2(t)

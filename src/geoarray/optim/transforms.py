@@ -183,7 +183,11 @@ def check_nonnegative(value: Any, name: str) -> float:
 
 
 def zeros_like_tree(tree: Any) -> Any:
-    """A tree of zero arrays shaped like ``tree``'s leaves (a transform's fresh buffers)."""
+    """A tree of zero arrays shaped like ``tree``'s leaves (a transform's fresh buffers).
+
+    Call it once per state field: fields that share one zero array alias each other, and
+    ``torch.compile`` traces aliased inputs as a graph of their own, so a compiled step would compile
+    twice, once for ``init``'s state and once for every later one."""
     return optree.tree_map(lambda a: array_namespace(a).zeros_like(a), tree)
 
 
@@ -309,8 +313,7 @@ def scale_by_adam(
         raise ValueError("scale_by_adam needs delta > 0 (inside the root) or eps > 0 (outside): both are 0")
 
     def init(params: Any) -> ScaleByAdamState:
-        zeros = zeros_like_tree(params)
-        return ScaleByAdamState(zero_count(params), zeros, zeros)
+        return ScaleByAdamState(zero_count(params), zeros_like_tree(params), zeros_like_tree(params))
 
     def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
@@ -547,8 +550,8 @@ def scale_by_bfgs(lr: float | Callable[[Array], Any], curvature_eps: float = 1e-
             eye = xp.eye(d, dtype=x.dtype, device=dev)
             blank = xp.zeros((*x.shape[:-1], d, d), dtype=x.dtype, device=dev)
             hs.append(xp.broadcast_to(eye, (*x.shape[:-1], d, d)) + blank)
-        zeros = zeros_like_tree(params)
-        return ScaleByBFGSState(zero_count(params), zeros, zeros, treedef.unflatten(hs))
+        prev_grad, prev_step = zeros_like_tree(params), zeros_like_tree(params)
+        return ScaleByBFGSState(zero_count(params), prev_grad, prev_step, treedef.unflatten(hs))
 
     def unit_step(B: Any, B_prev: Any, S_prev: Any, H: Array, count: Array) -> tuple[Any, Array]:
         xp = array_namespace(*optree.tree_leaves(B))

@@ -21,6 +21,10 @@
   ``torch.optim.lr_scheduler`` (every param group carries ``lr``).
 * :mod:`.nn`: ``nn.Module`` wrappers of every :mod:`geoarray.nn` layer and a generic :class:`nn.Module`
   for any layer-contract object (models included); analytic pullbacks as an option.
+* :func:`skip_guards_on_library_globals` (:mod:`.guards`): a ``guard_filter_fn`` for ``torch.compile``
+  that drops the guards on geoarray's and its libraries' fixed module globals, most of a compiled
+  step's guards, and keeps those on the arguments and your own globals
+  (``torch.compile(opt.update, fullgraph=True, options={"guard_filter_fn": gt.skip_guards_on_library_globals})``).
 
 Distributed training
 --------------------
@@ -59,9 +63,10 @@ cuts inside gathered) but is untested.
 
 from __future__ import annotations
 
-from . import checkpoint, nn
+from . import checkpoint, guards, nn
 from ._dtensor import fully_shard
 from .constraints import orthogonal_
+from .guards import skip_guards_on_library_globals
 from .optim import (
     SGD,
     Adam,
@@ -92,9 +97,11 @@ __all__ = [
     "PaperAdam",
     "checkpoint",
     "fully_shard",
+    "guards",
     "manifold_of",
     "nearest_point",
     "nn",
     "orthogonal_",
     "project_",
+    "skip_guards_on_library_globals",
 ]
