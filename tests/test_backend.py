@@ -537,3 +537,56 @@ def test_float32_products_are_full_float32(xp, device):
     product = to_numpy(asarray(a, xp, device, "float32") @ asarray(b, xp, device, "float32"))
     exact = a.astype(np.float32).astype(np.float64) @ b.astype(np.float32).astype(np.float64)
     assert np.max(np.abs(product - exact) / exact) <= 1e-5
+
+
+def test_backend_predicates_agree_with_array_api_compat():
+    """geoarray's ``is_*`` predicates (a table of module names, because array_api_compat's are
+    ``lru_cache`` wrappers that torch.compile warns about) answer as array_api_compat's do, on every name
+    either one knows and on near misses."""
+    import types
+
+    import array_api_compat as compat
+
+    from geoarray._backend import namespace
+
+    pairs = {
+        "numpy": (_backend.is_numpy, compat.is_numpy_namespace),
+        "torch": (_backend.is_torch, compat.is_torch_namespace),
+        "jax": (_backend.is_jax, compat.is_jax_namespace),
+        "cupy": (_backend.is_cupy, compat.is_cupy_namespace),
+        "array_api_strict": (_backend.is_array_api_strict, compat.is_array_api_strict_namespace),
+    }
+    names = set().union(*namespace._NAMESPACE_NAMES.values())
+    names |= {"jax", "numpy.linalg", "torch.linalg", "array_api_compat", "array_api_compat.dask.array", "dask.array"}
+    for name in sorted(names):
+        module = types.ModuleType(name)
+        for backend_name, (ours, theirs) in pairs.items():
+            assert ours(module) == theirs(module), (name, backend_name)
+    assert not _backend.is_torch(object()) and not _backend.is_numpy(types.SimpleNamespace(__name__=["numpy"]))
+
+
+def test_subclasses_of_an_array_type_take_its_namespace_without_array_api_compat(monkeypatch):
+    """Once torch.Tensor's namespace is known (``as_namespace(torch)``, which importing geoarray.torch
+    does), a Parameter, a ManifoldParameter and a Tensor resolve together to it from geoarray's own table,
+    as array_api_compat resolves them (a subclass as its base): under torch.compile the compat route is an
+    ``lru_cache`` wrapper. Mixed libraries still raise ``TypeError`` naming both."""
+    torch = pytest.importorskip("torch", reason="the subclasses here are torch's")
+    gt = pytest.importorskip("geoarray.torch")
+    import array_api_compat as compat
+
+    expected = _backend.as_namespace(torch)
+    M = geoarray.Stiefel(4, 2)
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64), M)
+    b = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    x = torch.ones(3, 4, dtype=torch.float64)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("array_api_compat.array_namespace was consulted")
+
+    monkeypatch.setattr(compat, "array_namespace", refuse)
+    assert _backend.array_namespace(x, W=W, b=b) is expected
+    assert _backend.array_namespace(W) is expected
+    monkeypatch.undo()
+    assert compat.array_namespace(x, W, b) is expected
+    with pytest.raises(TypeError, match="different array libraries"):
+        _backend.array_namespace(W, np.ones(2))

@@ -33,7 +33,7 @@ from _helpers import assert_agree
 
 pytestmark = [
     pytest.mark.usefixtures("torch_only"),
-    pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning"),
+    pytest.mark.filterwarnings("error:Dynamo detected:UserWarning"),
 ]
 
 M = geoarray.Stiefel(6, 3)

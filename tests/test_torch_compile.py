@@ -23,7 +23,7 @@ from _helpers import assert_agree
 
 pytestmark = [
     pytest.mark.usefixtures("torch_only"),
-    pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning"),
+    pytest.mark.filterwarnings("error:Dynamo detected:UserWarning"),
 ]
 
 M = geoarray.Stiefel(6, 3)
@@ -181,3 +181,128 @@ def test_the_library_guard_filter_drops_library_globals_only(torch, gt, device):
     params32, _, _ = _functional_problem(torch, device, torch.float32)  # a new dtype: a new graph
     compiled(params32, grads(params32), opt.init(params32, mans))
     assert len(graphs) == 3
+
+
+# several optimizers, schedulers, a fresh process ----------------------------------------------------
+
+
+def _twins(torch, gt, device, make):
+    """Two equal models, each with the optimizer ``make(gt, params)``: one to compile, one to run eagerly."""
+    out = []
+    for _ in range(2):
+        params = _model(torch, gt, device)
+        out.append((params, make(gt, list(params))))
+    return out
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [("Adam", "Adam, other betas"), ("Adam", "ManifoldMuon"), ("ManifoldMuon", "SGD")],
+    ids=lambda p: " then ".join(p),
+)
+def test_two_optimizers_compiled_in_one_process_step_like_eager(torch, gt, device, pair):
+    """``torch.compile(opt.step, fullgraph=True)`` of two optimizers with different hyperparameters in one
+    process: both steps share ``step``'s code, so dynamo, having seen the first one's floats, makes the
+    second one's symbolic (SymFloat). Their checks and the cohort key must take symbolic numbers (no
+    ``repr``, no ``math.isfinite``: both refused the whole graph before); each optimizer's compiled steps
+    equal its eager twin's to ``AGREE_RTOL`` over 3 steps."""
+    import torch._dynamo
+
+    makers = {
+        **OPTIMIZERS,
+        "Adam, other betas": lambda gt, ps: gt.Adam(ps, lr=2e-2, betas=(0.8, 0.99), weight_decay=2e-3),
+        "ManifoldMuon": lambda gt, ps: gt.ManifoldMuon([ps[0]], lr=2e-2),
+    }
+    torch._dynamo.reset()
+    for name in pair:
+        (compiled, opt), (eager, opt_eager) = _twins(torch, gt, device, makers[name])
+        step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+        for t in range(4):
+            for params, o, run in ((compiled, opt, step), (eager, opt_eager, opt_eager.step)):
+                o.zero_grad()
+                _loss(torch, *params, t, device).backward()
+                (o.step if t == 0 else run)()
+            for p, q in zip(compiled, eager, strict=True):
+                assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+        assert M.is_point(compiled[0].detach(), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "ManifoldMuon"])
+def test_torchs_scheduler_recipe_compiles_and_steps_like_eager(torch, gt, device, name):
+    """torch's recipe for a compiled step with an LR scheduler: ``torch.compile`` (without fullgraph) of
+    a function that calls ``opt.step()`` and ``scheduler.step()``, the first call included. Its steps equal
+    the eager ones to ``AGREE_RTOL`` over 4 steps of a decaying rate. ManifoldMuon, whose rate is inside its
+    core, rebuilds the core at each new rate: dynamo compiled that host bookkeeping, which runs eagerly
+    after the scheduler's wrapper breaks the graph, and its optree spelled the state's structure differently,
+    so the rebuild raised "changed the structure of its optimizer state"; it now runs eagerly."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    makers = {**OPTIMIZERS, "ManifoldMuon": lambda gt, ps: gt.ManifoldMuon([ps[0]], lr=2e-2)}
+    (compiled, opt), (eager, opt_eager) = _twins(torch, gt, device, makers[name])
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.7) for o in (opt, opt_eager)]
+
+    @torch.compile(backend="aot_eager")
+    def compiled_step():
+        opt.step()
+        schedulers[0].step()
+
+    for t in range(4):
+        for params, o in ((compiled, opt), (eager, opt_eager)):
+            o.zero_grad()
+            _loss(torch, *params, t, device).backward()
+        compiled_step()
+        opt_eager.step()
+        schedulers[1].step()
+        for p, q in zip(compiled, eager, strict=True):
+            assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+    assert opt.param_groups[0]["lr"] == opt_eager.param_groups[0]["lr"]
+    assert M.is_point(compiled[0].detach(), atol=1e-12)
+
+
+_FRESH_PROCESS = """
+import warnings
+
+import torch
+
+import geoarray as ga
+import geoarray.torch as gt
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(gt.nn.StiefelLayer(8, 3), gt.nn.Dense(8, 2, "tanh"))
+    x = torch.randn(16, 3)
+    forward = torch.compile(model, backend="aot_eager")
+    for opt in (gt.Adam(model.parameters(), lr=1e-2), gt.ManifoldMuon(list(model[0].parameters()), lr=1e-2)):
+        step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+        for t in range(3):
+            opt.zero_grad()
+            forward(x).square().sum().backward()
+            (opt.step if t == 0 else step)()
+    M = ga.Stiefel(6, 3)
+    params = {"Y": M.random(0, xp=torch, dtype=torch.float32).contiguous()}
+    adam = ga.optim.Adam(lr=1e-3)
+    state = adam.init(params, {"Y": M})
+    update = torch.compile(adam.update, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        params, state = update(params, {"Y": params["Y"] * 0.1}, state)
+for w in caught:
+    print(f"{w.category.__name__}: {str(w.message).splitlines()[0]}")
+"""
+
+
+def test_a_first_compile_in_a_fresh_process_traces_no_lru_cache(torch, gt):
+    """A user's first compiled forward and steps, in a fresh process (dynamo warns once per process): dynamo
+    warns of "potential silent incorrectness" at every ``functools.lru_cache`` wrapper it traces, and it
+    traced array_api_compat's namespace predicates and resolution (geoarray's own predicates and the
+    namespaces of torch.Tensor and its subclasses, Parameter and ManifoldParameter, now answer without them)
+    and φ₁'s coefficient table (now built at import). None of those warnings may appear."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Dynamo detected a call to a `functools.lru_cache`" not in done.stdout, done.stdout

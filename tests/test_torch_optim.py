@@ -335,7 +335,7 @@ def test_nonfinite_grad_without_scaler_is_skipped_by_the_core(torch, gt, device,
     assert all(torch.equal(p.detach(), s) for p, s in zip(params, snapshot, strict=True))
 
 
-@pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning")
+@pytest.mark.filterwarnings("error:Dynamo detected:UserWarning")
 def test_compiled_model_trains_like_the_eager_one(torch, gt, device):
     torch.manual_seed(0)
     model = torch.nn.Sequential(gt.nn.StiefelLayer(8, 3, device=device), gt.nn.Dense(8, 2, "tanh", device=device))

@@ -30,24 +30,42 @@ _SCALARS = (bool, int, float, complex)
 # --------------------------------------------------------------------------------------------
 
 
+# The module names of each backend's namespaces, as array_api_compat's is_*_namespace predicates list
+# them. Those predicates are functools.lru_cache wrappers, and dynamo warns of "potential silent
+# incorrectness" at each such wrapper it traces: a user's first torch.compile of a step printed it.
+_COMPAT = _compat.__name__
+_NAMESPACE_NAMES = {
+    "numpy": frozenset({"numpy", _COMPAT + ".numpy"}),
+    "torch": frozenset({"torch", _COMPAT + ".torch"}),
+    "jax": frozenset({"jax.numpy", "jax.experimental.array_api"}),
+    "cupy": frozenset({"cupy", _COMPAT + ".cupy"}),
+    "array_api_strict": frozenset({"array_api_strict"}),
+}
+
+
+def _named(xp: Namespace, backend: str) -> bool:
+    name = getattr(xp, "__name__", None)
+    return isinstance(name, str) and name in _NAMESPACE_NAMES[backend]
+
+
 def is_numpy(xp: Namespace) -> bool:
-    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_numpy_namespace(xp)
+    return _named(xp, "numpy")
 
 
 def is_torch(xp: Namespace) -> bool:
-    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_torch_namespace(xp)
+    return _named(xp, "torch")
 
 
 def is_jax(xp: Namespace) -> bool:
-    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_jax_namespace(xp)
+    return _named(xp, "jax")
 
 
 def is_cupy(xp: Namespace) -> bool:
-    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_cupy_namespace(xp)
+    return _named(xp, "cupy")
 
 
 def is_array_api_strict(xp: Namespace) -> bool:
-    return isinstance(getattr(xp, "__name__", None), str) and _compat.is_array_api_strict_namespace(xp)
+    return _named(xp, "array_api_strict")
 
 
 _BACKEND_NAMES: dict[Any, str] = {}
@@ -96,29 +114,32 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
     (e.g. a NumPy array and a torch tensor) raise ``TypeError`` naming each backend involved.
     """
     values = arrays + tuple(named.values()) if named else arrays
-    if values:
-        # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray depends on its type alone; the
-        # optimizers ask a few dozen times per step, and the general route below costs ≈ 1.5 µs per call
-        kind = type(values[0])
-        ns = _NAMESPACE_OF_TYPE.get(kind)
-        if ns is not None:
-            for a in values:
-                if type(a) is not kind and a is not None:
-                    break
-            else:
-                return ns
+    # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray (or of a subclass: a Parameter) depends
+    # on its type alone; the optimizers ask a few dozen times per step, and the general route below costs
+    # ≈ 1.5 µs per call and traces, under torch.compile, array_api_compat's lru_cache wrappers (a warning)
+    ns = None
+    for a in values:
+        if a is None:
+            continue
+        found = _NAMESPACE_OF_TYPE.get(type(a)) or _namespace_of_type(type(a))
+        if found is None or (ns is not None and found is not ns):
+            ns = None
+            break
+        ns = found
+    if ns is not None:
+        return ns
     items = [(f"argument {i}", a) for i, a in enumerate(arrays)] + list(named.items())
     items = [(k, a) for k, a in items if a is not None and not isinstance(a, _SCALARS)]
     if not items:
         raise TypeError("no array among the inputs: cannot tell which array namespace to use")
-    kind = type(items[0][1])
     try:
         ns = _compat.array_namespace(*(a for _, a in items))
     except TypeError:
         pass
     else:
-        if all(type(a) is kind for _, a in items) and kind.__module__.split(".")[0] in ("torch", "numpy", "cupy"):
-            _NAMESPACE_OF_TYPE[kind] = ns
+        for _, a in items:
+            if type(a).__module__.split(".")[0] in ("torch", "numpy", "cupy"):
+                _NAMESPACE_OF_TYPE[type(a)] = ns
         return ns
     kinds: dict[str, list] = {}
     for key, a in items:
@@ -142,15 +163,17 @@ def as_namespace(xp: Any) -> Namespace:
     if is_numpy(xp):
         import array_api_compat.numpy as np_compat
 
-        return np_compat
+        return _known(np_compat, np.ndarray)
     if is_torch(xp):
         import array_api_compat.torch as torch_compat
+        import torch
 
-        return torch_compat
+        return _known(torch_compat, torch.Tensor)
     if is_cupy(xp):
         import array_api_compat.cupy as cupy_compat
+        import cupy
 
-        return cupy_compat
+        return _known(cupy_compat, cupy.ndarray)
     if is_jax(xp) or is_array_api_strict(xp) or hasattr(xp, "__array_api_version__"):
         return xp
     if isinstance(xp, ModuleType) and xp.__name__ == "jax":
@@ -164,6 +187,24 @@ def as_namespace(xp: Any) -> Namespace:
 
 
 _NAMESPACE_OF_TYPE: dict[type, Namespace] = {}
+
+
+def _known(ns: Namespace, array_type: type) -> Namespace:
+    # so that array_namespace answers from _NAMESPACE_OF_TYPE for these arrays (and their subclasses) even
+    # when the first one it sees is inside torch.compile, where array_api_compat's resolution warns
+    if array_type not in _NAMESPACE_OF_TYPE:
+        _NAMESPACE_OF_TYPE[array_type] = ns
+    return ns
+
+
+def _namespace_of_type(kind: type) -> Namespace | None:
+    """The namespace of arrays of type ``kind`` if a class it derives from was resolved before: array_api_compat
+    resolves a subclass of torch.Tensor, numpy.ndarray or cupy.ndarray as its base."""
+    for base in kind.__mro__[1:]:
+        ns = _NAMESPACE_OF_TYPE.get(base)
+        if ns is not None:
+            return ns
+    return None
 
 
 _NDARRAY = np.ndarray

@@ -108,12 +108,21 @@ _EXP_RULES = {
 _CONTRACT_BELOW = 32
 
 
-@functools.cache
 def _coefficient_matrix(degree: int, chunk: int, shift: int = 1) -> tuple[tuple[float, ...], ...]:
     """The Taylor coefficients 1/(k+shift)! (φ₁: shift 1, exp: 0) in chunks of ``chunk`` (zero-padded)."""
     n_chunks = -(-(degree + 1) // chunk)
     coeffs = [1.0 / math.factorial(k + shift) if k <= degree else 0.0 for k in range(n_chunks * chunk)]
     return tuple(tuple(coeffs[j * chunk : (j + 1) * chunk]) for j in range(n_chunks))
+
+
+# Every rule's matrices, built once here rather than by functools.cache: dynamo warns of "potential
+# silent incorrectness" at each lru_cache wrapper it traces, and φ₁ is traced in every compiled step
+_COEFFICIENT_MATRICES = {
+    (degree, chunk, shift): _coefficient_matrix(degree, chunk, shift)
+    for rules in _PHI1_RULES.values()
+    for degree, chunk, _ in rules
+    for shift in (0, 1)
+}
 
 
 def _norm1(X: Array, xp: Any) -> Array:
@@ -130,7 +139,9 @@ def _phi1_taylor(X: Array, xp: Any, rule: tuple, shift: int = 1) -> Array:
     cost NumPy a broadcast and a copy). Not under ``torch.compile`` (see ``_CONTRACT_BELOW``).
     """
     degree, chunk, _ = rule
-    matrix = _coefficient_matrix(degree, chunk, shift)  # shift 0: exp's polynomial Σ X^k/k! instead
+    matrix = _COEFFICIENT_MATRICES.get((degree, chunk, shift))  # shift 0: exp's polynomial Σ X^k/k! instead
+    if matrix is None:
+        matrix = _coefficient_matrix(degree, chunk, shift)
     eye = linalg.eye(X.shape[-1], X)
     powers = [X]
     for _ in range(2, chunk + 1):

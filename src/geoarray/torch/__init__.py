@@ -63,6 +63,9 @@ cuts inside gathered) but is untested.
 
 from __future__ import annotations
 
+import torch as _torch
+
+from .. import _backend
 from . import checkpoint, guards, nn
 from ._dtensor import fully_shard
 from .constraints import orthogonal_
@@ -81,6 +84,8 @@ from .optim import (
     PaperAdam,
 )
 from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
+
+_backend.as_namespace(_torch)  # registers torch.Tensor's namespace: a first call inside torch.compile finds it
 
 __all__ = [
     "SGD",

@@ -84,7 +84,9 @@ def _number(group: dict, key: str, gi: Any, *, unit: bool = False, index: int | 
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     where = f"param_groups[{gi}]['{key}']" + ("" if index is None else f"[{index}]")
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    # comparisons, not math.isfinite: under torch.compile a value can be a SymFloat (dynamo makes a float
+    # symbolic once it has seen it change, as when two optimizers' steps are compiled in one process)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
     if not ok or (unit and not value < 1):
         raise ValueError(f"{where} must be a number in {'[0, 1)' if unit else '[0, ∞)'}, got {value!r}")
     return float(value)
@@ -130,7 +132,9 @@ class _TorchStyle(MethodOptimizer):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"param_groups[{gi}]['stabilize'] must be None or a positive int, got {every!r}")
         key = super()._hyper_key(group)
-        return key + tuple((k, bool(group[k] != 0)) for k in self._ZERO_MATTERS if k in group)
+        # ``if``, not bool(): dynamo answers an ``if`` on a symbolic number (SymFloat, see _number) with a guard
+        # and a plain bool, where bool() left a symbolic one in the key
+        return key + tuple((k, True if group[k] != 0 else False) for k in self._ZERO_MATTERS if k in group)
 
     def _group_options(self, group: dict) -> dict:
         opts = {k: group[k] for k in CORE_OPTIONS}

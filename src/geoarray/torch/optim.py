@@ -109,6 +109,34 @@ __all__ = [
 ]
 
 
+def _key_value(value: Any) -> Any:
+    """A hyperparameter as a cohort's key holds it: numbers (and tuples of them) as they are, anything else by
+    its repr. Under torch.compile a number can be a SymFloat (dynamo makes a float symbolic once it has seen it
+    change, as when two optimizers' steps are compiled in one process): it has no repr there, and comparing
+    it with the key's value (:func:`_same_key`) guards on that comparison: a changed value recompiles, and
+    the new trace sees the change (and refuses it, as a compiled step does: run that step eagerly)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_key_value(v) for v in value)
+    return repr(value)
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    """Whether two cohort keys are equal, one entry at a time: each comparison is an ``if``, which dynamo
+    answers for a symbolic number by guarding on it (it cannot compare tuples that hold symbolic ones)."""
+    if not torch.compiler.is_compiling():
+        return bool(a == b)
+    if not isinstance(a, tuple) or not isinstance(b, tuple):
+        return a == b
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if not _same_key(x, y):
+            return False
+    return True
+
+
 class Optimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` around a geoarray optimizer core (see the module docstring).
 
@@ -270,7 +298,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _hyper_key(self, group: dict) -> tuple:
         live = self._live_keys()
-        return tuple((k, repr(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
+        return tuple((k, _key_value(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
 
     def _check_group_keys(self, group: dict, gi: int) -> None:
         if self._known is None:
@@ -339,6 +367,12 @@ class Optimizer(torch.optim.Optimizer):
                     raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
                 raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
 
+    # Host bookkeeping, never traced: a compiled step refuses to build or rebuild a cohort (eager_first_message),
+    # but where a compiled caller runs this step eagerly after a graph break (a function that calls
+    # opt.step() and a scheduler's wrapper of it, compiled without fullgraph), dynamo still compiles these
+    # frames, and its optree polyfills spell the layouts' treedefs differently (namespace=''): the state
+    # built or checked there no longer matched the eager state's structure
+    @torch.compiler.disable
     def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> Cohort:
         """A cohort with a fresh core and state for ``group["params"][i] for i in indices``.
 
@@ -453,7 +487,7 @@ class Optimizer(torch.optim.Optimizer):
         for gi, group, plan in plans:
             key = self._hyper_key(group)
             for item in plan:
-                if compiling and (isinstance(item, tuple) or item.key != key):
+                if compiling and (isinstance(item, tuple) or not _same_key(item.key, key)):
                     raise RuntimeError(eager_first_message(group, gi, item, self._name))
                 if capturing and group.get("capturable") and isinstance(item, Cohort) and not item.buffers:
                     raise RuntimeError(
@@ -464,7 +498,7 @@ class Optimizer(torch.optim.Optimizer):
                     cohort = self._new_cohort(group, gi, item)
                     cohort.key = key
                     self._cohorts[gi].append(cohort)
-                elif item.key != key:
+                elif not _same_key(item.key, key):
                     cohort = self._rebuild(group, gi, item, key)
                 else:
                     cohort = item
@@ -525,6 +559,7 @@ class Optimizer(torch.optim.Optimizer):
                 if m is not None:
                     check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
 
+    @torch.compiler.disable  # host bookkeeping (_new_cohort)
     def _rebuild(self, group: dict, gi: int, cohort: Cohort, key: Any) -> Cohort:
         """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
         fresh = self._new_cohort(group, gi, cohort.indices, restoring=True)
