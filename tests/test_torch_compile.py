@@ -6,12 +6,15 @@ checks the weights), the compiled step is one graph — ``fullgraph=True`` refus
 and one compilation serves every later step (a recompilation is an error here); over 3 steps on a
 model with a ManifoldParameter and a plain tensor it equals the eager step to ``AGREE_RTOL`` (two
 code paths), for every geoarray.torch optimizer (torch's Adam, AdamW and SGD conventions, the paper's
-Adam, Gradient, Momentum, AdamWithDecay, and ManifoldMuon on the manifold weight alone: it refuses
-vectors); the weight stays on its manifold. A compiled step that would have to build state raises
-``RuntimeError`` saying to run it eagerly, and ``validate()`` checks the values on request, naming the
-parameter. The same holds with the guards on the library's globals dropped
+Adam, Gradient, Momentum, AdamWithDecay, ManifoldMuon on the manifold weight alone: it refuses
+vectors, and a partition of ManifoldMuon and Adam); the weight stays on its manifold. A compiled step
+that would have to build state raises ``RuntimeError`` saying to run it eagerly, and ``validate()``
+checks the values on request, naming the parameter. The same holds with the guards on the library's globals dropped
 (``options={"guard_filter_fn": geoarray.torch.skip_guards_on_library_globals}``), which keeps those on
-the arguments and on the caller's globals. (``capturable=True``: ``tests/test_torch_capturable.py``.)
+the arguments and on the caller's globals. The loops of a torch user's code: the steps of several
+optimizers compiled in one process, torch's recipe for a compiled step with an LR scheduler, and a first
+compile in a fresh process, which warns nothing of geoarray's. (``capturable=True``:
+``tests/test_torch_capturable.py``.)
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ OPTIMIZERS = {
     "Momentum": lambda gt, ps: gt.Momentum(ps, lr=1e-2),
     "AdamWithDecay": lambda gt, ps: gt.AdamWithDecay(ps, n_steps=10),
     "ManifoldMuon": lambda gt, ps: gt.ManifoldMuon([ps[0]], lr=1e-2),
+    # a core of its own: manifold Muon on the weight, Adam on the bias (the traced step had called
+    # PyTreeSpec.flatten_up_to, which dynamo refuses)
+    "partition": lambda gt, ps: gt.Optimizer(
+        ps,
+        geoarray.optim.partition(
+            {"muon": geoarray.optim.ManifoldMuon(lr=1e-2), "adam": geoarray.optim.Adam(1e-2)}, ["muon", "adam"]
+        ),
+    ),
 }
 
 

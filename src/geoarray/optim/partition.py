@@ -79,7 +79,9 @@ class PartitionedOptimizer:
         return treedef, [_path(p) for p in paths], cast("list[str]", list(labels))
 
     def _members(self, tree: Any, treedef: Any, paths: list[str], labels: list[str]) -> dict[str, dict]:
-        leaves = treedef.flatten_up_to(tree)
+        # dynamo cannot trace PyTreeSpec.flatten_up_to (torch.compile of a step); there tree_leaves, whose count
+        # zip(strict=True) checks (the eager step before it checked the structure)
+        leaves = optree.tree_leaves(tree) if _backend.is_compiling() else treedef.flatten_up_to(tree)
         out: dict[str, dict] = {key: {} for key in self.optimizers}
         for path, label, leaf in zip(paths, labels, leaves, strict=True):
             out[label][path] = leaf
@@ -124,7 +126,9 @@ class PartitionedOptimizer:
             kwargs = {} if check else {"check": False}
             new_params_k, new_states[key] = self.optimizers[key].update(sub_params[key], sub_grads[key], sub, **kwargs)
             new_params.update(new_params_k)
-        return treedef.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
+        # traced, the treedef made eagerly is not the one dynamo's optree takes: params' own (the same tree)
+        out = optree.tree_structure(params) if _backend.is_compiling() else treedef
+        return out.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
 
 
 def partition(optimizers: dict, labels: Any) -> PartitionedOptimizer:
