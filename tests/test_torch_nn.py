@@ -163,3 +163,19 @@ def test_module_deepcopy_pickle_and_to_keep_manifolds(torch, gt, device):
             np.testing.assert_allclose(q.detach().double().cpu().numpy(), p.detach().cpu().numpy(), atol=1e-7)
     x = _input(torch, (2, 4, 6), device)
     assert torch.equal(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_compiled_forward_is_one_graph(torch, gt, device, name):
+    """``torch.compile(module, fullgraph=True)`` traces every wrapper's forward without a graph break (the
+    parameter tree is rebuilt by ``optree.tree_map``; ``PyTreeSpec.unflatten`` of the treedef made eagerly,
+    which dynamo cannot trace, had cut a compiled forward into pieces) and equals the eager forward to
+    ``AGREE_RTOL`` (dynamo only, ``backend="eager"``: the property is the trace, not the kernels)."""
+    import torch._dynamo
+
+    args, kwargs, shape = CASES[name]
+    module = getattr(gt.nn, name)(*args, seed=3, device=device, dtype=torch.float64, **kwargs)
+    x = _input(torch, shape, device)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    assert_agree(compiled(x), module(x), what=name)

@@ -83,7 +83,9 @@ class Module(torch.nn.Module):
         if not all(isinstance(t, torch.Tensor) for t in leaves):
             raise TypeError("params must be a tree of torch tensors")
         manifolds = optree.tree_structure(params, none_is_leaf=True).flatten_up_to(layer.manifolds())
-        self._treedef = treedef
+        # the tree with each parameter's slot number for a leaf: param_tree maps it (dynamo traces tree_map,
+        # where it breaks the graph at the eager treedef's unflatten: a compiled forward was cut into pieces)
+        self._slot_tree = treedef.unflatten(list(range(len(leaves))))
         self._slots: list[tuple[tuple[str, ...], str]] = []
         self._manifolds = tuple(manifolds)
         self.params = _Node()
@@ -110,7 +112,8 @@ class Module(torch.nn.Module):
 
     def param_tree(self) -> Any:
         """The layer's parameter tree, holding this module's current parameters."""
-        return self._treedef.unflatten([self._node(path)._parameters[name] for path, name in self._slots])
+        leaves = [self._node(path)._parameters[name] for path, name in self._slots]
+        return optree.tree_map(lambda slot: leaves[slot], self._slot_tree)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = self.param_tree()
