@@ -2,11 +2,13 @@
 
 OneCycleLR (``cycle_momentum=True``) writes ``lr`` and ``betas`` into every param group at every step.
 ``geoarray.torch.Adam`` reads both at every step from the group (no new core); ``PaperAdam`` reads
-``lr`` but builds a new core (and its layout on probe points) whenever ``betas`` change, i.e. at every
-step. The weights are the orthogonal RNN of the copying task (geotorch's example, issue #28): a
-recurrent 128×128 weight on Stiefel(128, 128), a 10×128 input and a 128×10 output matrix and their
-biases. Each optimizer runs with and without the scheduler in alternation (fixed random gradients,
-3 warm-up steps, then ``--steps`` timed steps each); the medians and their ratio are printed.
+``lr`` but builds a new core whenever ``betas`` change, i.e. at every step (no fresh state: betas enter
+none, ``_STATE_FREE``). ``ManifoldMuon`` has its rate inside its core: a new ``lr`` builds a new core,
+and nothing more (its momentum is not cycled here, ``cycle_momentum=False``; it takes the matrices only).
+The weights are the orthogonal RNN of the copying task (geotorch's example, issue #28): a recurrent
+128×128 weight on Stiefel(128, 128), a 10×128 input and a 128×10 output matrix and their biases. Each
+optimizer runs with and without the scheduler in alternation (fixed random gradients, 3 warm-up steps,
+then ``--steps`` timed steps each); the medians and their ratio are printed.
 
     PYTHONPATH=src python benchmarks/torch_scheduler_step.py [--steps 50] [--threads 1] [--json PATH]
 """
@@ -34,8 +36,15 @@ def _params(seed: int = 0) -> list[torch.Tensor]:
 
 def _setup(name: str, scheduled: bool, total: int):
     params = _params()
+    if name == "ManifoldMuon":  # matrices only: manifold Muon refuses vectors
+        params = [p for p in params if p.ndim == 2]
     opt = getattr(gt, name)(params, lr=1e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total) if scheduled else None
+    cycle = name != "ManifoldMuon"  # it has no betas; its lr alone
+    sched = (
+        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total, cycle_momentum=cycle)
+        if scheduled
+        else None
+    )
     g = torch.Generator().manual_seed(1)
     grads = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params]
 
@@ -61,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     total = args.steps + 10
     out = {}
     print(f"torch {torch.__version__}, float32, {args.threads} thread(s); median ms of {args.steps} steps")
-    for name in ("Adam", "PaperAdam"):
+    for name in ("Adam", "PaperAdam", "ManifoldMuon"):
         plain, scheduled = _setup(name, False, total), _setup(name, True, total)
         for _ in range(3):
             plain(), scheduled()
@@ -73,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
         out[name] = {"plain_ms": 1e3 * med["plain"], "onecycle_ms": 1e3 * med["scheduled"]}
         out[name]["ratio"] = med["scheduled"] / med["plain"]
         print(
-            f"geoarray.torch.{name:9s}: step {1e3 * med['plain']:6.3f} ms, with OneCycleLR (lr and betas) "
+            f"geoarray.torch.{name:12s}: step {1e3 * med['plain']:6.3f} ms, with OneCycleLR "
+            f"({'lr and betas' if name != 'ManifoldMuon' else 'lr'}) "
             f"{1e3 * med['scheduled']:6.3f} ms, ratio {out[name]['ratio']:.2f}"
         )
     if args.json:

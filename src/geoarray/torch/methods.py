@@ -119,8 +119,10 @@ class PaperAdam(MethodOptimizer):
     :class:`geoarray.optim.Adam`). Until this release ``geoarray.torch.Adam`` was this class; it now
     takes ``torch.optim.Adam``'s arguments and defaults, and ``PaperAdam(params, lr)`` is the old
     ``Adam(params, lr)`` unchanged. Changing ``betas``/``delta``/``eps`` in a group builds a new core
-    (:class:`geoarray.torch.Adam` reads them at every step).
+    (:class:`geoarray.torch.Adam` reads them at every step), which keeps the moments.
     """
+
+    _STATE_FREE = ("lr", "betas", "delta", "eps")  # Adam's state is (count, mu, nu) whatever they are
 
     def __init__(
         self,
