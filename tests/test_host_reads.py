@@ -274,8 +274,8 @@ def test_without_host_reads_a_step_equals_the_step_with_them(backend, xp, device
 
 def test_the_torch_adapter_steps_read_nothing_to_the_host(backend, xp, device, policy):
     """geoarray.torch's optimizers (torch's Adam, AdamW, SGD with momentum, the paper's Adam, manifold
-    Muon and Muon) make no host read in ``step`` after the first (which builds the state) and equal
-    the reading steps to AGREE_RTOL after 3 steps."""
+    Muon and Muon; Adam, the paper's Adam and SGD also with a tensor lr) make no host read in ``step``
+    after the first (which builds the state) and equal the reading steps to AGREE_RTOL after 3 steps."""
     if backend.kind != "torch":
         pytest.skip("geoarray.torch runs on the torch backend")
     import torch
@@ -289,6 +289,10 @@ def test_the_torch_adapter_steps_read_nothing_to_the_host(backend, xp, device, p
         "PaperAdam": lambda ps: gt.PaperAdam(ps, lr=1e-2),
         "ManifoldMuon": lambda ps: gt.ManifoldMuon(ps, lr=1e-2),
         "Muon": lambda ps: gt.Muon(ps[1:], lr=1e-2),
+        # a tensor lr (torch's recipe for captured and compiled steps under a scheduler) is read on the device
+        "Adam, tensor lr": lambda ps: gt.Adam(ps, lr=torch.tensor(1e-2, device=device)),
+        "PaperAdam, tensor lr": lambda ps: gt.PaperAdam(ps, lr=torch.tensor(1e-2, device=device)),
+        "SGD, tensor lr": lambda ps: gt.SGD(ps, lr=torch.tensor(1e-2, device=device), momentum=0.9),
     }
     M = Stiefel(20, 4)
     for name, make in makers.items():

@@ -14,9 +14,12 @@ nothing to the host (the device's default policy, :func:`geoarray.set_host_reads
   parameters and state agree with ``capturable=False`` to ``AGREE_RTOL``;
 * a capturable optimizer's ``state_dict`` loads into a new optimizer, capturable or not, and the resumed
   steps equal the uninterrupted ones bit for bit;
-* refusals, each naming the fix, nothing changed: a tensor lr (read with ``.item()``), ``stabilize`` (a
-  Python count), and a captured step that would build state or make the buffers (the capture is
-  simulated on the CPU by making ``torch.cuda.is_current_stream_capturing`` answer True);
+* a tensor lr on the parameters' device, written in place by a scheduler, is read there at every step
+  (the same weights as a float lr under the same scheduler, the same buffers);
+* refusals, each naming the fix, nothing changed: a tensor lr on another device or for manifold Muon
+  (whose core reads it with ``.item()``), ``stabilize`` (a Python count), and a captured step that would
+  build state or make the buffers (the capture is simulated on the CPU by making
+  ``torch.cuda.is_current_stream_capturing`` answer True);
 * on a CUDA device (``torch-cuda`` session): forward, backward and step captured in one
   ``torch.cuda.CUDAGraph`` and replayed on new batches agree with eager ``capturable=False`` steps to
   ``AGREE_RTOL`` (float64) and keep the weight on its manifold to 1e-12. Skipped on the CPU: CUDA graphs
@@ -118,24 +121,73 @@ def test_capturable_keeps_its_state_in_fixed_buffers_and_equals_the_default(torc
 
 
 def test_capturable_refusals_name_the_fix(torch, gt, device):
+    from geoarray.torch.param_groups import check_capturable
+
     W, b = _model(torch, gt, device)
-    with pytest.raises(ValueError, match=r"Adam\(capturable=True\) takes a float lr, got a tensor"):
-        gt.Adam([W, b], lr=torch.tensor(1e-2), capturable=True)
+    # a tensor lr elsewhere than the parameters: a captured step would read it once, at capture (a "meta"
+    # tensor stands for the other device: this machine may have one device only)
+    group = {"params": [W, b], "lr": torch.tensor(1e-2, device="meta"), "capturable": True}
+    with pytest.raises(ValueError, match=r"Adam\(capturable=True\) takes a tensor lr on the parameters' device"):
+        check_capturable(group, 0, "Adam")
     with pytest.raises(ValueError, match=r"AdamW\(capturable=True\) cannot take stabilize=5"):
         gt.AdamW([W, b], capturable=True, stabilize=5)
-    with pytest.raises(ValueError, match=r"Gradient\(capturable=True\) takes a float lr"):
-        gt.Gradient([W, b], lr=torch.tensor(1e-2), capturable=True)
+    # manifold Muon's rate is inside its core, which would read a tensor lr with .item() at every step
+    muon = gt.Optimizer([W], geoarray.optim.ManifoldMuon(1e-2))
+    _loss(torch, W, b, _batch(torch, 0, device)).backward()
+    muon.step()
+    muon.param_groups[0].update(lr=torch.tensor(1e-2, device=device), capturable=True)
+    before = W.detach().clone()
+    with pytest.raises(ValueError, match=r"Optimizer\(capturable=True\) takes a float lr, got a tensor: its rate"):
+        muon.step()
+    assert torch.equal(W.detach(), before)
     with pytest.raises(TypeError, match=r"param_groups\[0\]\['capturable'\] must be True or False, got 'yes'"):
         gt.Momentum([W, b], capturable="yes")
     opt = gt.Adam([W, b], lr=1e-2)
     _loss(torch, W, b, _batch(torch, 0, device)).backward()
     opt.step()
-    opt.param_groups[0]["lr"] = torch.tensor(1e-3)  # set later: refused by the step, nothing changed
+    opt.param_groups[0]["stabilize"] = 5  # set later: refused by the step, nothing changed
     opt.param_groups[0]["capturable"] = True
     before = W.detach().clone()
-    with pytest.raises(ValueError, match=r"takes a float lr"):
+    with pytest.raises(ValueError, match=r"cannot take stabilize=5"):
         opt.step()
     assert torch.equal(W.detach(), before)
+
+
+@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "Gradient", "AdamWithDecay"])
+def test_a_tensor_lr_is_read_on_the_device_and_follows_a_scheduler(torch, gt, device, name):
+    """torch's recipe for a scheduled step in a CUDA graph: a tensor lr on the parameters' device, which
+    the scheduler writes in place (``fill_``). With ``capturable=True`` the step multiplies by that tensor
+    (no ``.item()``: a captured step would keep the value it was captured with), so over 4 steps of
+    StepLR(γ = 0.7) the weights equal those of a float lr under the same scheduler to ``AGREE_RTOL``, and
+    the state tensors stay the same objects at the same addresses."""
+    makers = {
+        "Adam": lambda ps, lr: gt.Adam(ps, lr=lr, weight_decay=1e-3, capturable=isinstance(lr, torch.Tensor)),
+        "PaperAdam": lambda ps, lr: gt.PaperAdam(ps, lr=lr, capturable=isinstance(lr, torch.Tensor)),
+        "Gradient": lambda ps, lr: gt.Gradient(ps, lr=lr, capturable=isinstance(lr, torch.Tensor)),
+        # its decay from lr_start times lr/lr_start: a tensor lr scales the decayed rate
+        "AdamWithDecay": lambda ps, lr: gt.AdamWithDecay(ps, n_steps=10, capturable=isinstance(lr, torch.Tensor)),
+    }
+    tensor_run, float_run = _model(torch, gt, device), _model(torch, gt, device)
+    opt = makers[name](list(tensor_run), torch.tensor(1e-2, dtype=torch.float64, device=device))
+    if name == "AdamWithDecay":
+        opt.param_groups[0]["lr"] = torch.tensor(opt.param_groups[0]["lr"], dtype=torch.float64, device=device)
+    opt_float = makers[name](list(float_run), 1e-2)
+    lr_tensor = opt.param_groups[0]["lr"]
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.7) for o in (opt, opt_float)]
+    for t in range(4):
+        for params, o, sched in ((tensor_run, opt, schedulers[0]), (float_run, opt_float, schedulers[1])):
+            o.zero_grad()
+            _loss(torch, *params, _batch(torch, t, device)).backward()
+            o.step()
+            sched.step()
+        if t == 0:
+            buffers = [(id(s), s.data_ptr()) for s in _state_tensors(opt)]
+        assert [(id(s), s.data_ptr()) for s in _state_tensors(opt)] == buffers, f"step {t} moved a state tensor"
+        assert opt.param_groups[0]["lr"] is lr_tensor  # written in place, as a captured graph needs
+        for p, q in zip(tensor_run, float_run, strict=True):
+            assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+    assert abs(float(lr_tensor) - opt_float.param_groups[0]["lr"]) <= 1e-15
+    assert M.is_point(tensor_run[0].detach(), atol=1e-12)
 
 
 @pytest.mark.parametrize("case", ["first step", "buffers not made"])

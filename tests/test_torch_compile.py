@@ -317,3 +317,34 @@ def test_a_first_compile_in_a_fresh_process_traces_no_lru_cache(torch, gt):
     done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Dynamo detected a call to a `functools.lru_cache`" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "SGD"])
+def test_a_tensor_lr_is_an_input_of_the_compiled_step(torch, gt, device, name):
+    """With a tensor lr (torch's recipe for compiled and captured steps under a scheduler) the compiled step
+    reads the rate on the device: new rates written in place (``fill_``, as torch's schedulers write a tensor
+    lr) recompile nothing (a recompilation is an error here), and the steps equal eager ones with the same
+    rates as floats to ``AGREE_RTOL``."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    makers = {
+        "Adam": lambda ps, lr: gt.Adam(ps, lr=lr, weight_decay=1e-3),
+        "PaperAdam": lambda ps, lr: gt.PaperAdam(ps, lr=lr),
+        "SGD": lambda ps, lr: gt.SGD(ps, lr=lr, momentum=0.9, nesterov=True),
+    }
+    compiled, eager = _model(torch, gt, device), _model(torch, gt, device)
+    lr = torch.tensor(1e-2, dtype=torch.float64, device=device)
+    opt, opt_eager = makers[name](list(compiled), lr), makers[name](list(eager), 1e-2)
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for t, rate in enumerate((1e-2, 1e-2, 5e-3, 2e-3, 7e-3)):
+            lr.fill_(rate)
+            opt_eager.param_groups[0]["lr"] = rate
+            for params, o, run in ((compiled, opt, step), (eager, opt_eager, opt_eager.step)):
+                o.zero_grad()
+                _loss(torch, *params, t, device).backward()
+                (o.step if t == 0 else run)()
+            for p, q in zip(compiled, eager, strict=True):
+                assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+    assert M.is_point(compiled[0].detach(), atol=1e-12)

@@ -387,7 +387,8 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     ``lr`` is a positive number or a schedule, a function of the step t = 1, 2, … (a floating 0-d
     array of each leaf's dtype; see :mod:`geoarray.optim.schedules`). A constant rate scales the
     transform's ``bound`` by η; a schedule keeps no bound, unless it has a ``host_value()`` method that
-    gives the rate in force as a Python float (``geoarray.torch``'s rate read from a param group).
+    gives the rate in force as a Python float (``geoarray.torch``'s rate read from a param group; None where
+    that rate is a tensor, which stays on its device: no bound then).
     """
     if callable(lr):
         schedule = lr
@@ -405,7 +406,10 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
         if callable(host_value):  # the rate that holds now, on the host: b ↦ |η|·b at this step
 
             def bound(b: float | None) -> float | None:
-                return None if b is None else abs(float(host_value())) * b
+                if b is None:
+                    return None
+                rate = host_value()  # None: a rate kept on the device (no bound)
+                return None if rate is None else abs(float(rate)) * b
 
         return GradientTransformation(init, update, reframe=keep_state, bound=bound)
 

@@ -339,7 +339,7 @@ class Optimizer(torch.optim.Optimizer):
         check_skip_together(probe, gi)
         if "lr" in probe:
             check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
-        check_capturable(probe, gi, type(self).__name__)
+        check_capturable(probe, gi, type(self).__name__, live_lr="lr" in self._live_keys())
         names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
         params = [it[1] if isinstance(it, tuple) and len(it) == 2 else it for it in items]
         if all(n is not None for n in names) and "param_names" not in probe:
@@ -429,7 +429,7 @@ class Optimizer(torch.optim.Optimizer):
         if "lr" in group and not isinstance(group["lr"], torch.Tensor):  # edited by hand or by a scheduler
             check_lr(group["lr"], f"param_groups[{gi}]['lr']")
         if not torch.compiler.is_compiling():  # which shows capturable=True while it traces (NOT_IN_KEY)
-            check_capturable(group, gi, type(self).__name__)
+            check_capturable(group, gi, type(self).__name__, live_lr="lr" in self._live_keys())
         active_set = set(active)
         plan: list = []
         covered: set[int] = set()

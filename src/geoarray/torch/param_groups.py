@@ -68,7 +68,13 @@ class LiveHyperparameter:
 
     ``key``/``index`` read another hyperparameter the same way (``group["betas"][0]``: OneCycleLR's
     momentum cycling); ``reference`` divides the value (a factor relative to the rate a core was built
-    with)."""
+    with).
+
+    A tensor ``lr`` (torch's recipe for graph-captured and compiled steps under a scheduler, which
+    writes it in place with ``fill_``) is returned as the tensor: the step multiplies by it on its device and reads
+    nothing to the host, a CUDA graph replays it with the value of the moment, and a compiled step takes
+    it as an input (no recompilation at a new rate). Other tensor hyperparameters are read with ``.item()``.
+    """
 
     def __init__(self, optimizer: Any, group_index: int, key: str = "lr", index: int | None = None,
                  reference: float = 1.0):  # fmt: skip
@@ -84,14 +90,16 @@ class LiveHyperparameter:
         value = optimizer.param_groups[self._group_index][self.key]
         if self.index is not None:
             value = value[self.index]
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and self.key != "lr":
             value = value.item()
         return value if self.reference == 1.0 else value / self.reference
 
-    def host_value(self) -> float:
+    def host_value(self) -> float | None:
         """The value in force now, a Python float: the step's rate for the bound a transform gives its
-        updates (:class:`geoarray.optim.transforms.GradientTransformation`'s ``bound``)."""
-        return float(self())
+        updates (:class:`geoarray.optim.transforms.GradientTransformation`'s ``bound``); None for a tensor
+        ``lr``, which stays on its device (the step then has no bound: see :func:`scaled`)."""
+        value = self()
+        return None if isinstance(value, torch.Tensor) else float(value)
 
 
 def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
@@ -102,13 +110,20 @@ def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformatio
     def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         out, state = transform.update(updates, state, params)
         f = factor()
-        return (out if f == 1.0 else optree.tree_map(lambda u: f * u, out)), state
+        if not isinstance(f, torch.Tensor) and f == 1.0:  # a tensor rate is not compared: that reads it
+            return out, state
+        return optree.tree_map(lambda u: f * u, out), state
 
     inner = getattr(transform, "bound", None)
 
     def bound(b: float | None) -> float | None:
         out = inner(b) if inner is not None else None
-        return None if out is None else abs(float(factor())) * out
+        if out is None:
+            return None
+        f = factor()
+        # a tensor rate has no host value to bound the step by without reading it: no bound (the
+        # retraction then takes its route for unbounded steps, without host reads where they cost one)
+        return None if isinstance(f, torch.Tensor) else abs(float(f)) * out
 
     return GradientTransformation(
         transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None), bound
@@ -127,21 +142,33 @@ def core_lr(core: Any) -> float | None:
     return value if value > 0 and value != float("inf") else None
 
 
-def check_capturable(group: dict, gi: Any, optimizer: str) -> None:
+def check_capturable(group: dict, gi: Any, optimizer: str, *, live_lr: bool = True) -> None:
     """``TypeError``/``ValueError`` unless the group's ``capturable`` is a bool whose step a CUDA graph
-    can capture: with ``capturable=True`` the lr is a float (a tensor lr is read with ``.item()``) and
+    can capture: with ``capturable=True`` a tensor lr is on the parameters' device and read there at every
+    step (``live_lr``: the optimizer reads the rate at every step, :class:`LiveHyperparameter`; one whose rate
+    is inside its core, ``live_lr=False``, reads a tensor with ``.item()`` and takes a float only), and
     ``stabilize`` is off (its count lives in Python, outside a captured graph)."""
     capturable = group.get("capturable", False)
     if not isinstance(capturable, bool):
         raise TypeError(f"param_groups[{gi}]['capturable'] must be True or False, got {capturable!r}")
     if not capturable:
         return
-    if isinstance(group.get("lr"), torch.Tensor):
+    lr = group.get("lr")
+    if isinstance(lr, torch.Tensor) and not live_lr:
         raise ValueError(
-            f"{optimizer}(capturable=True) takes a float lr, got a tensor: the step reads a tensor lr to the host "
-            "(.item()), which a CUDA graph cannot capture; give a float (a captured step keeps the lr it was "
-            "captured with: capture again after changing it)"
+            f"{optimizer}(capturable=True) takes a float lr, got a tensor: its rate is inside its core, which "
+            "reads a tensor lr to the host (.item()) at every step, and a CUDA graph cannot capture that; give a "
+            "float (a captured step keeps the lr it was captured with: capture again after changing it)"
         )
+    if isinstance(lr, torch.Tensor):
+        devices = {p.device for p in group.get("params", ()) if isinstance(p, torch.Tensor)}
+        if devices and lr.device not in devices:
+            where = ", ".join(map(str, sorted(devices, key=str)))
+            raise ValueError(
+                f"{optimizer}(capturable=True) takes a tensor lr on the parameters' device ({where}), got one on "
+                f"{lr.device}: a captured step would read a {lr.device} scalar once, when it is captured, and miss "
+                "a scheduler's later values; create it there (torch.tensor(lr, device=...))"
+            )
     if group.get("stabilize"):
         raise ValueError(
             f"{optimizer}(capturable=True) cannot take stabilize={group['stabilize']!r}: the projection every "
