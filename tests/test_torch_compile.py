@@ -197,6 +197,18 @@ def test_the_library_guard_filter_drops_library_globals_only(torch, gt, device):
 # several optimizers, schedulers, a fresh process ----------------------------------------------------
 
 
+def _step_both(torch, device, t, compiled, eager, what):
+    """Step t on a compiled run (params, optimizer, compiled step; eagerly at t = 0, which builds the state)
+    and on its eager twin (params, optimizer), then compare their parameters to ``AGREE_RTOL``."""
+    (params, opt, step), (twin, opt_eager) = compiled, eager
+    for ps, o, run in ((params, opt, step), (twin, opt_eager, opt_eager.step)):
+        o.zero_grad()
+        _loss(torch, *ps, t, device).backward()
+        (o.step if t == 0 else run)()
+    for p, q in zip(params, twin, strict=True):
+        assert_agree(p.detach(), q.detach(), what=what)
+
+
 def _twins(torch, gt, device, make):
     """Two equal models, each with the optimizer ``make(gt, params)``: one to compile, one to run eagerly."""
     out = []
@@ -229,12 +241,7 @@ def test_two_optimizers_compiled_in_one_process_step_like_eager(torch, gt, devic
         (compiled, opt), (eager, opt_eager) = _twins(torch, gt, device, makers[name])
         step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
         for t in range(4):
-            for params, o, run in ((compiled, opt, step), (eager, opt_eager, opt_eager.step)):
-                o.zero_grad()
-                _loss(torch, *params, t, device).backward()
-                (o.step if t == 0 else run)()
-            for p, q in zip(compiled, eager, strict=True):
-                assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+            _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"{name}, step {t}")
         assert M.is_point(compiled[0].detach(), atol=1e-12)
 
 
@@ -341,10 +348,5 @@ def test_a_tensor_lr_is_an_input_of_the_compiled_step(torch, gt, device, name):
         for t, rate in enumerate((1e-2, 1e-2, 5e-3, 2e-3, 7e-3)):
             lr.fill_(rate)
             opt_eager.param_groups[0]["lr"] = rate
-            for params, o, run in ((compiled, opt, step), (eager, opt_eager, opt_eager.step)):
-                o.zero_grad()
-                _loss(torch, *params, t, device).backward()
-                (o.step if t == 0 else run)()
-            for p, q in zip(compiled, eager, strict=True):
-                assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+            _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"{name}, step {t}")
     assert M.is_point(compiled[0].detach(), atol=1e-12)
