@@ -22,8 +22,8 @@ nothing to the host (the device's default policy, :func:`geoarray.set_host_reads
   ``torch.cuda.is_current_stream_capturing`` answer True);
 * on a CUDA device (``torch-cuda`` session): forward, backward and step captured in one
   ``torch.cuda.CUDAGraph`` and replayed on new batches agree with eager ``capturable=False`` steps to
-  ``AGREE_RTOL`` (float64) and keep the weight on its manifold to 1e-12. Skipped on the CPU: CUDA graphs
-  exist only on CUDA devices.
+  ``AGREE_RTOL`` (float64) and keep the weight on its manifold to 1e-12, also with a tensor lr whose
+  value changes between replays. Skipped on the CPU: CUDA graphs exist only on CUDA devices.
 """
 
 from __future__ import annotations
@@ -212,11 +212,16 @@ def test_a_captured_step_cannot_build_state(torch, gt, device, monkeypatch, case
     assert all(c.buffers for cohorts in opt._cohorts for c in cohorts)
 
 
-def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device):
+@pytest.mark.parametrize("lr_kind", ["float", "tensor"])
+def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device, lr_kind):
+    """Forward, backward and step captured once and replayed on new batches equal eager steps; with a tensor
+    lr on the device, rates written into it between replays (``fill_``, as a scheduler does) are the rates
+    the replays take."""
     if not str(device).startswith("cuda"):
         pytest.skip("CUDA graphs exist only on CUDA devices; the CPU tests above check the fixed buffers")
     captured, eager = _model(torch, gt, device), _model(torch, gt, device)
-    opt = gt.Adam(list(captured), lr=1e-2, weight_decay=1e-3, capturable=True)
+    lr = torch.tensor(1e-2, dtype=torch.float64, device=device) if lr_kind == "tensor" else 1e-2
+    opt = gt.Adam(list(captured), lr=lr, weight_decay=1e-3, capturable=True)
     opt_eager = gt.Adam(list(eager), lr=1e-2, weight_decay=1e-3)
     static_x = _batch(torch, 0, device).clone()
     side = torch.cuda.Stream()
@@ -239,6 +244,9 @@ def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device):
         _loss(torch, *eager, _batch(torch, t, device)).backward()
         opt_eager.step()
     for t in range(3, 8):
+        if lr_kind == "tensor":  # a new rate for this replay and for the eager reference's step
+            lr.fill_(1e-2 * 0.7 ** (t - 2))
+            opt_eager.param_groups[0]["lr"] = 1e-2 * 0.7 ** (t - 2)
         static_x.copy_(_batch(torch, t, device))
         graph.replay()
         opt_eager.zero_grad()
