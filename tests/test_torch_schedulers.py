@@ -286,3 +286,23 @@ def test_the_hyperparameters_said_to_be_in_no_state_are_in_none(torch, gt, devic
         fresh = opt._new_cohort(group, 0, cohort.indices, restoring=True)
         assert optree.tree_structure(fresh.state) == optree.tree_structure(cohort.state), (name, key)
         group[key] = old
+
+
+def test_a_one_element_tensor_lr_keeps_every_parameter_shape(torch, gt, device):
+    """A tensor lr of shape (1,) (one element, which ``check_lr`` accepts) is read as a scalar: a 0-d
+    parameter stays 0-d under a state that keeps the step (BFGS's previous step), and the steps equal those
+    with the same rate as a float to ``AGREE_RTOL``."""
+    runs = []
+    for lr in (torch.tensor([1e-2], dtype=torch.float64, device=device), 1e-2):
+        s = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64, device=device))
+        v = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64, device=device))
+        opt = gt.Optimizer([s, v], geoarray.optim.BFGS(lr=1.0))
+        opt.param_groups[0]["lr"] = lr
+        for _ in range(3):
+            opt.zero_grad()
+            ((s * v).sum() ** 2).backward()
+            opt.step()
+        assert s.shape == () and v.shape == (3,)
+        runs.append((s.detach().clone(), v.detach().clone()))
+    for a, b in zip(*runs, strict=True):
+        assert_agree(a, b)

@@ -92,6 +92,8 @@ class LiveHyperparameter:
             value = value[self.index]
         if isinstance(value, torch.Tensor) and self.key != "lr":
             value = value.item()
+        elif isinstance(value, torch.Tensor) and value.ndim:  # one element (check_lr), as a scalar: a view
+            value = value.reshape(())
         return value if self.reference == 1.0 else value / self.reference
 
     def host_value(self) -> float | None:
