@@ -180,3 +180,45 @@ def assert_agree(actual: Any, desired: Any, *, rtol: float | None = None, what: 
     scale = max(1.0, float(np.max(np.abs(b64)))) if b64.size else 1.0
     err = float(np.max(np.abs(a64 - b64))) if b64.size else 0.0
     assert err <= rtol * scale, f"{what}: max|a - b| = {err:.3e} > {rtol:.1e} x {scale:.3g}"
+
+
+# -- host reads (#30) ------------------------------------------------------------------------------
+# Counted on torch with a dispatch mode (tests/test_host_reads.py's docstring says what each name is).
+READS = {"_local_scalar_dense", "item", "is_nonzero"}
+# operations after which the host waits for a GPU although nothing is read on the CPU: an array made from
+# host data (torch copies it to a CUDA device synchronously, pytorch/pytorch#120996) and an output whose
+# shape depends on the data (the host waits for the count), boolean-mask indexing included
+WAITS = {"lift_fresh", "lift_fresh_copy", "nonzero", "masked_select", "masked_scatter"}
+# and torch's linear algebra that checks LAPACK's/cuSOLVER's ``info`` on the host: linalg.solve, inv and
+# cholesky end in ``_linalg_check_errors`` (their ``_ex`` forms do not); eigh and svd check inside their
+# kernels, with no unchecked form, so they are counted themselves
+WAITS |= {"_linalg_check_errors", "_linalg_eigh", "_linalg_svd"}
+
+
+def _boolean_index(args) -> bool:
+    import torch
+
+    return any(
+        isinstance(a, (list, tuple)) and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in a)
+        for a in args
+    )
+
+
+def host_waits(fn):
+    """(names, result) of ``fn()``: the torch operations in it that make the host wait for a GPU, run on
+    any device: reads to the host (``READS``), arrays made from host data and data-dependent shapes
+    (``WAITS``, boolean-mask indexing included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name in READS or name in WAITS or (name.startswith("index") and _boolean_index(args)):
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out = fn()
+    return seen, out

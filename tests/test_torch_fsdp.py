@@ -23,6 +23,8 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
 * without host reads (``geoarray.set_host_reads("never")``), a step beyond the retraction's doubling
   budget on one rank's frames only is skipped on every rank too, and so is a NaN in one rank's gradient
   (parameters unchanged, the step and skip counters equal on both ranks);
+* under ``torch.amp.GradScaler`` without host reads, an inf in one rank's shard skips that step on every
+  rank, and the scaled steps equal the unscaled ones to 1e-12;
 * FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
 * the FSDP2 example of docs/frameworks.md (moved from the README) runs on 2 ranks and prints what it claims.
 """
@@ -165,6 +167,7 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         model = gt.fully_shard(_model(), mesh=mesh)
         opt = gt.Adam(model.parameters(), lr=0.02)
         _train(opt, model, x, y, 2)
+        out["two_steps"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
         saved_model, saved_opt = model.state_dict(), opt.state_dict()
         resumed = gt.fully_shard(_model(), mesh=mesh)
         resumed.load_state_dict(saved_model)
@@ -216,6 +219,24 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
         out["budget_after"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
         state = opt._cohorts[0][0].state
         out["budget_counts"] = (int(state.step), int(state.skipped))
+        # under torch.amp.GradScaler without host reads, an inf in rank 0's frames' gradient at the second of
+        # three steps: the scaler's flag covers every rank, so every rank skips that step (on the device)
+        previous = ga.set_host_reads("never")
+        try:
+            model = gt.fully_shard(_model(), mesh=mesh)
+            opt = gt.Adam(model.parameters(), lr=0.02)
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            for t in range(3):
+                scaler.scale((model(x) - y).square().mean()).backward()
+                if t == 1 and rank == 0:
+                    model.F.grad.to_local()[0, 0, 0] = float("inf")
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        finally:
+            ga.set_host_reads(previous)
+        out["scaled"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        out["scaled_scale"] = scaler.get_scale()
         torch.save(out, f"{out_dir}/rank{rank}.pt")
 
 
@@ -300,6 +321,11 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
         for k, v in out["budget_after"].items():
             assert torch.equal(v, out["budget_before"][k]), f"{k} changed in a step beyond rank 0's doubling budget"
         assert out["budget_counts"] == (1, 2), f"steps, skipped: {out['budget_counts']}, expected (1, 2) on every rank"
+        # the scaled run took steps 1 and 3: the same computation as Adam's first two unscaled steps (the scale
+        # is a power of two), compared to a tolerance since the scaled gradients pass through other kernels
+        assert out["scaled_scale"] == 2.0**9, "the scale did not back off on every rank"
+        for k, v in out["scaled"].items():
+            torch.testing.assert_close(v, out["two_steps"][k], rtol=0, atol=1e-12, msg=f"GradScaler: {k}")
         assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
         assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
 

@@ -32,9 +32,13 @@ What it does as a ``torch.optim.Optimizer``:
 * **state_dict / load_state_dict** resume bit-exactly: the core's state leaves are stored as tensors
   (under the key ``"geoarray"`` beside torch's ``"state"`` and ``"param_groups"``) with their dtypes
   and memory layouts, so ``torch.save(opt.state_dict())`` loads with ``weights_only=True``.
-* **GradScaler**: ``torch.amp.GradScaler`` unscales the gradients in place and calls ``step`` only
-  when they are finite, so a skipped step leaves parameters and state untouched. Without a scaler,
-  the core's ``on_nonfinite="skip"`` (default) does the same for a non-finite gradient and counts it.
+* **GradScaler**: ``torch.amp.GradScaler`` skips a step whose scaled gradients hold an inf or NaN,
+  leaving parameters and state untouched. Where host reads are free (the CPU) it unscales the
+  gradients and reads its flag itself; elsewhere (a GPU) it hands the step its scale and flag, as to
+  torch's fused Adam (``_step_supports_amp_scaling``), and the step unscales in place and decides the
+  skip on the device, so ``scaler.step(opt)`` reads nothing to the host
+  (``geoarray/torch/_grad_scaler.py``). Without a scaler, the core's ``on_nonfinite="skip"``
+  (default) does the same for a non-finite gradient and counts it.
 * **torch.compile**: compile the model (``torch.compile(model)``), the step
   (``torch.compile(opt.step, fullgraph=True)``: one graph, no host reads, one compilation for every
   later step; tested with ``backend="aot_eager"`` equal to the eager step), or both. The first step of
@@ -67,10 +71,20 @@ import optree
 import torch
 
 from .. import optim as _optim
+from .._backend import host_reads_allowed
 from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
 from ._agreement import agree_on_step, check_skip_together
+from ._grad_scaler import (
+    core_skips_itself,
+    keep_where_found,
+    poison_where_found,
+    restore_skipped,
+    scaler_flags,
+    unscale_,
+    zero_where_found,
+)
 from .cohorts import (
     FORMAT,
     FORMAT_VERSION,
@@ -473,9 +487,31 @@ class Optimizer(torch.optim.Optimizer):
             plan.append(new)
         return plan
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Whether torch.amp.GradScaler hands ``step`` its scale and inf flag to unscale and skip on the device,
+        as for torch's fused Adam (``geoarray/torch/_grad_scaler.py``): where a host read of the flag is not
+        free (:func:`geoarray.set_host_reads`: on a GPU by default); elsewhere the scaler reads it itself."""
+        return not any(host_reads_allowed(p) for group in self.param_groups for p in group["params"][:1])
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        grad_scale, found_inf = scaler_flags(self)
+        if grad_scale is None and found_inf is None:
+            return self._step(closure, None, None)
+        try:
+            return self._step(closure, grad_scale, found_inf)
+        except BaseException:
+            # GradScaler deletes the two after a step that returned: a step that raised would leave them
+            # to scale the next step taken without the scaler
+            self.__dict__.pop("grad_scale", None)
+            self.__dict__.pop("found_inf", None)
+            raise
+
+    def _step(
+        self, closure: Callable[[], Any] | None, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None
+    ) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -493,7 +529,8 @@ class Optimizer(torch.optim.Optimizer):
         # trace the check is the trace's own
         capturing = not tracing and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         compiling = tracing or capturing
-        # all checks passed: build new cohorts, then compute every update, then write them all
+        # all checks passed: build new cohorts, unscale (GradScaler), then compute every update, then write
+        # them all
         work = []
         for gi, group, plan in plans:
             key = self._hyper_key(group)
@@ -514,6 +551,9 @@ class Optimizer(torch.optim.Optimizer):
                 else:
                     cohort = item
                 work.append((group, cohort))
+        if grad_scale is not None:
+            unscale_(self.param_groups, grad_scale)
+        skip = None if found_inf is None else found_inf.reshape(()) != 0
         results = []
         for group, cohort in work:
             params = [group["params"][i] for i in cohort.indices]
@@ -526,7 +566,15 @@ class Optimizer(torch.optim.Optimizer):
             assert cohort.core is not None  # built or rebuilt above
             # shapes, dtypes and devices were checked by _plan against this cohort's state: the
             # core's own check of the same (about 0.1 ms on 41 parameters) is skipped
+            itself = skip is not None and core_skips_itself(cohort.core, cohort.state, grads, compiling)
+            if skip is not None:
+                grads = poison_where_found(grads, skip) if itself else zero_where_found(grads, skip)
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
+            if skip is not None:
+                if itself:
+                    state = restore_skipped(skip, cohort.state, state)
+                else:
+                    new, state = keep_where_found(skip, leaves, new, cohort.state, state)
             if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
                 new, state = sharded.agree(cohort.state, new, state)
             # torch.compile shows every group with capturable=True while it traces (param_groups.NOT_IN_KEY):

@@ -1,0 +1,111 @@
+"""``torch.amp.GradScaler`` on the device: a geoarray.torch step under a scaler reads nothing to the host.
+
+For an optimizer without ``_step_supports_amp_scaling``, ``scaler.step(opt)`` unscales the gradients and
+then reads whether they held an inf or NaN to the host (``found_inf.item()``) to decide whether to call
+``opt.step()``: one host read per step, which on a GPU waits for the whole backward pass. torch's fused
+Adam declares ``_step_supports_amp_scaling``; :class:`geoarray.torch.Optimizer` declares it where such a
+read is not free — where :func:`geoarray.set_host_reads` allows no read on its parameters' device (on a
+GPU by default) — and leaves the scaler its own route elsewhere (on the CPU a read is a load, and the
+scaler's fused check-and-unscale is one pass over the gradients, where this route takes two). The scaler
+then checks the gradients on the device, sets two tensors on the optimizer — ``grad_scale`` (the scale
+the gradients still carry, None where ``scaler.unscale_(opt)`` already removed it) and ``found_inf``
+(nonzero when a gradient was not finite) — calls ``opt.step()`` and deletes them. The step
+
+1. divides the gradients by ``grad_scale`` in place (multiplies by its reciprocal, formed in float64 and
+   rounded to float32 as ``GradScaler.unscale_`` does), so that after ``scaler.step`` every ``p.grad``
+   holds the unscaled gradient, as on the scaler's own route;
+2. decides on the device. A core whose policy is ``on_nonfinite="skip"`` (the default) and whose
+   state counts ``skipped`` already masks a step with a non-finite gradient on the device when it cannot
+   read the flag: it is handed gradients multiplied by NaN where ``found_inf`` is set (one ``_foreach_mul``
+   into new tensors: ``p.grad`` keeps the unscaled values), keeps parameters and state, and only its
+   ``skipped`` count is put back (one ``where``). Any other core (``"raise"``, ``"ignore"``, a partition) is
+   handed gradients zeroed where ``found_inf`` is set (no inf or NaN reaches its linear algebra) and the old
+   parameters and state are selected back: a ``where`` per parameter and per state tensor.
+   ``benchmarks/grad_scaler_step.py`` times both routes.
+
+A step skipped for the scaler is not counted in the state's ``skipped`` (the scaler counts it, in its scale);
+the core's own ``on_nonfinite`` policy still applies to non-finite gradients the scaler did not see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+
+from .._backend import host_reads_allowed
+from ._dtensor import _dtensor_type
+
+__all__ = [
+    "core_skips_itself",
+    "keep_where_found",
+    "poison_where_found",
+    "restore_skipped",
+    "scaler_flags",
+    "unscale_",
+    "zero_where_found",
+]
+
+
+def scaler_flags(optimizer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(grad_scale, found_inf)`` as ``GradScaler.step`` set them on the optimizer (None, None outside)."""
+    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
+
+
+def unscale_(param_groups: list[dict], grad_scale: torch.Tensor) -> None:
+    """Divide every gradient of ``param_groups`` by ``grad_scale`` in place (DTensor gradients: their
+    local shards; a scalar factor commutes with any placement)."""
+    inv = grad_scale.double().reciprocal().float()
+    cls = _dtensor_type()
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for group in param_groups:
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if cls is not None and isinstance(g, cls):
+                g = g.to_local()
+            by_device.setdefault(g.device, []).append(g)
+    for device, grads in by_device.items():
+        torch._foreach_mul_(grads, inv.to(device).reshape(()))
+
+
+def core_skips_itself(core: Any, state: Any, grads: list[torch.Tensor], compiling: bool) -> bool:
+    """Whether the core masks a step with a non-finite gradient on the device itself (module docstring, 3):
+    policy ``"skip"``, a ``skipped`` count in its state, and no host read of its finiteness flag."""
+    if getattr(core, "on_nonfinite", None) != "skip" or "skipped" not in getattr(type(state), "_fields", ()):
+        return False
+    return compiling or not grads or not host_reads_allowed(grads[0])
+
+
+def poison_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torch.Tensor]:
+    """New gradients, NaN where ``skip`` and the same values elsewhere (× 1, exact)."""
+    if not grads:
+        return grads
+    factor = torch.where(skip.to(grads[0].device), float("nan"), 1.0)
+    return list(torch._foreach_mul(grads, factor))
+
+
+def restore_skipped(skip: torch.Tensor, state: Any, new_state: Any) -> Any:
+    """``new_state`` with the ``skipped`` count of ``state`` where ``skip``: the scaler's skip is not the core's."""
+    old = state.skipped
+    return new_state._replace(skipped=torch.where(skip.to(old.device), old, new_state.skipped))
+
+
+def zero_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients, zeros where ``skip``: a skipped step computes on finite numbers."""
+    out = []
+    for g in grads:
+        s = skip.to(g.device)
+        out.append(torch.where(s, torch.zeros((), dtype=g.dtype, device=g.device), g))
+    return out
+
+
+def keep_where_found(
+    skip: torch.Tensor, leaves: list[torch.Tensor], new: list[torch.Tensor], state: Any, new_state: Any
+) -> tuple[list[torch.Tensor], Any]:
+    """The old values and state where ``skip``, the new ones elsewhere (selected on the device)."""
+    values = [torch.where(skip.to(n.device), o, n) for n, o in zip(new, leaves, strict=True)]
+    kept = optree.tree_map(lambda n, o: torch.where(skip.to(n.device), o, n), new_state, state)
+    return values, kept
