@@ -1,5 +1,6 @@
 """Loading ``examples/<name>.py`` in a test as ``python examples/<name>.py`` runs it: with ``examples/`` on
-``sys.path``, so that its ``from _results import ...`` (the shared JSON/statistics helpers) resolves."""
+``sys.path``, so that its ``from _results import ...`` (the shared JSON/statistics helpers) resolves; and
+``benchmarks/<name>.py`` (each puts its own folder on ``sys.path`` for ``_timing`` and ``_sets``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import importlib.util
 import os
 import sys
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
 def load_example(name: str, module_name: str | None = None):
@@ -15,6 +18,14 @@ def load_example(name: str, module_name: str | None = None):
         sys.path.insert(0, EXAMPLES)
     path = os.path.join(EXAMPLES, f"{name}.py")
     spec = importlib.util.spec_from_file_location(module_name or f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (its ``main(argv)`` runs it in the test's process)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -10,7 +10,6 @@ the reason.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,16 +17,10 @@ import subprocess
 import sys
 
 import pytest
+from _examples import BENCHMARKS as BENCH_DIR
+from _examples import load_benchmark
 
-BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 TABLES = ("numpy", "torch", "jax")  # the backends the two scripts print a table for
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH_DIR, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -52,7 +45,7 @@ def test_training_step_json(bench_backend, tmp_path, capsys):
     argv = ["--backends", bench_backend, "--n-layers", "1", "--batch-size", "8", "--steps", "2", "--warmup", "1"]
     if bench_backend == "jax":
         argv.append("--no-peers")  # one jax.jit compile less; the compiles dominate this session's time
-    _load("training_step").main([*argv, "--threads", "1", "--json", str(path)])
+    load_benchmark("training_step").main([*argv, "--threads", "1", "--json", str(path)])
     out = json.loads(path.read_text())
     assert out["benchmark"] == "training_step"
     assert {"cpu", "logical_cores", "threads", "numpy", "torch", "jax"} <= set(out["machine"])
@@ -77,13 +70,13 @@ def test_training_step_capture_needs_a_cuda_device(backend):
         pytest.skip(f"--capture is a torch option; this is the {backend.name} session")
     pytest.importorskip("sklearn", reason="training_step.py's default ViT trains on scikit-learn's digits (demo extra)")
     with pytest.raises(SystemExit, match=r"^training_step.py: --capture needs --device cuda \(CUDA graphs\), got"):
-        _load("training_step").main(["--backends", "torch", "--n-layers", "1", "--capture"])
+        load_benchmark("training_step").main(["--backends", "torch", "--n-layers", "1", "--capture"])
 
 
 def test_optimizer_step_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "optimizer_step.json"
     argv = ["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--drift-steps", "5", "--threads", "1"]
-    _load("optimizer_step").main([*argv, "--json", str(path)])
+    load_benchmark("optimizer_step").main([*argv, "--json", str(path)])
     out = json.loads(path.read_text())
     assert out["benchmark"] == "optimizer_step" and "cpu" in out["machine"]
     rows = [r for r in out["rows"] if "set" in r]
@@ -110,7 +103,7 @@ def test_optimizer_step_without_geoopt(bench_backend, tmp_path, capsys, monkeypa
     """Without geoopt the torch table says so in one line and the JSON row carries the same message."""
     if bench_backend != "torch":
         pytest.skip("geoopt is a torch peer: only the torch table compares with it")
-    module = _load("optimizer_step")
+    module = load_benchmark("optimizer_step")
     monkeypatch.setattr(module, "_geoopt", lambda: None)
     path = tmp_path / "optimizer_step.json"
     module.main(["--backends", "torch", "--sets", "tiny", "--steps", "2", "--drift-steps", "2", "--threads", "1",
@@ -128,7 +121,7 @@ def test_muon_direction_accuracy_is_a_true_suboptimality(backend):
     direction beats the dual) and small (< 1e-4 on St(16, 4) with one dual iteration per step)."""
     if backend.name != "numpy":
         pytest.skip(f"muon_direction_accuracy.py runs on NumPy only; this is the {backend.name} session")
-    subopt = _load("muon_direction_accuracy").brockett(16, 4, 1, seeds=1)
+    subopt = load_benchmark("muon_direction_accuracy").brockett(16, 4, 1, seeds=1)
     assert 0.0 <= subopt < 1e-4
 
 
@@ -140,7 +133,9 @@ def test_host_reads_json(bench_backend, tmp_path, capsys, pytestconfig):
     import geoarray
 
     path = tmp_path / "host_reads.json"
-    _load("host_reads").main(["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--json", str(path)])
+    load_benchmark("host_reads").main(
+        ["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--json", str(path)]
+    )
     assert geoarray.get_host_reads() == pytestconfig.getoption("--host-reads")
     (row,) = json.loads(path.read_text())["rows"]
     for policy in ("cpu", "never"):
@@ -158,7 +153,7 @@ def test_step_kernels_json(bench_backend, tmp_path, capsys):
     if bench_backend != "torch":
         pytest.skip("step_kernels.py records kernels with a torch dispatch mode")
     path = tmp_path / "step_kernels.json"
-    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--floor", "--json", str(path)])
+    load_benchmark("step_kernels").main(["--sets", "tiny", "--steps", "2", "--floor", "--json", str(path)])
     (row,) = json.loads(path.read_text())["rows"]
     assert row["n_kernels"] >= 3 and "geqrf" in {k["name"] for k in row["kernels"]}
     for key in ("step_ms", "kernels_ms", "ratio_step_over_kernels", "floor_ms", "ratio_floor_over_kernels"):
@@ -177,7 +172,7 @@ def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
     if bench_backend != "torch":
         pytest.skip("step_kernels.py times torch.compile")
     path = tmp_path / "step_kernels.json"
-    _load("step_kernels").main(["--sets", "tiny", "--steps", "2", "--compile", "--json", str(path)])
+    load_benchmark("step_kernels").main(["--sets", "tiny", "--steps", "2", "--compile", "--json", str(path)])
     (row,) = json.loads(path.read_text())["rows"]
     for key in ("compiled_ms", "ratio_compiled_over_kernels", "compile_s"):
         _positive_finite(row[key], key)
@@ -202,7 +197,7 @@ def test_step_kernels_floor_is_geoarrays_update(bench_backend, shape):
     import geoarray
     from geoarray import optim
 
-    module = _load("step_kernels")
+    module = load_benchmark("step_kernels")
     *batch, N, n = shape
     M = geoarray.Stiefel(N, n)
     Y = M.random(3, xp=torch, batch_shape=tuple(batch), dtype=torch.float32)
@@ -227,7 +222,7 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
         pytest.skip("gpu.py times torch and JAX; NumPy has no GPU")
     path = tmp_path / "gpu.json"
     argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "2"]
-    _load("gpu").main([*argv, "--no-compile", "--json", str(path)])
+    load_benchmark("gpu").main([*argv, "--no-compile", "--json", str(path)])
     (row,) = json.loads(path.read_text())["rows"]
     if bench_backend == "torch":
         for key in ("eager_ms", "adam_foreach_ms", "eager_over_adam"):
@@ -250,7 +245,7 @@ def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
         pytest.skip("section_forms.py times torch (eager) and JAX (jitted); NumPy's forms agree in test_manifolds")
     path = tmp_path / "section_forms.json"
     argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "1"]
-    _load("section_forms").main([*argv, *(["--whole-step"] if whole_step else []), "--json", str(path)])
+    load_benchmark("section_forms").main([*argv, *(["--whole-step"] if whole_step else []), "--json", str(path)])
     rows = json.loads(path.read_text())["rows"]
     forms = ["compact-wy", "reconstructed"] + (["packed"] if bench_backend == "torch" else [])
     assert [row["form"] for row in rows] == forms
@@ -265,7 +260,7 @@ def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
 def test_soak_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "soak.json"
     argv = ["--backend", bench_backend, "--set", "tiny", "--steps", "20", "--every", "10", "--warmup", "10"]
-    _load("soak").main([*argv, "--compare", "--json", str(path)])
+    load_benchmark("soak").main([*argv, "--compare", "--json", str(path)])
     out = json.loads(path.read_text())
     assert out["bjorck"] and not out["without_bjorck"]["bjorck"] and out["without_bjorck"]["steps"] == 20
     _positive_finite(out["max_drift_ratio"], "max_drift_ratio")
@@ -322,7 +317,7 @@ def test_cuda_sync_sites_lists_the_steps_waits_and_not_the_mode_switch():
     import types
     import warnings
 
-    timing = _load("_timing")
+    timing = load_benchmark("_timing")
     mode = ["default"]
 
     def set_sync_debug_mode(value):

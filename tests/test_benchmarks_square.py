@@ -13,20 +13,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 
 import pytest
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "square_step.py")
+from _examples import load_benchmark
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # geoopt's import
 def test_square_step_json(backend, tmp_path, capsys):
     if backend.name != "torch":
         pytest.skip("benchmarks/square_step.py times torch optimizers on the CPU: the torch session runs it")
-    spec = importlib.util.spec_from_file_location("bench_square_step", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("square_step")
     path = tmp_path / "square.json"
     module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--json", str(path)])
     assert "torch.optim.Adam" in capsys.readouterr().out

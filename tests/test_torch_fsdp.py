@@ -127,13 +127,9 @@ def _state(opt, p) -> dict:
 
 def _comm_counter(world: int):
     """benchmarks/sharded_step.py's counter of the bytes the collectives move per rank."""
-    import importlib.util
+    from _examples import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharded_step.py"
-    spec = importlib.util.spec_from_file_location("sharded_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._Comm(world)
+    return load_benchmark("sharded_step")._Comm(world)
 
 
 def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:

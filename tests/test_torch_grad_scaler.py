@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from _examples import load_benchmark
 
 import geoarray
 from _helpers import assert_agree, host_waits
@@ -201,16 +202,11 @@ def test_a_compiled_step_under_the_scaler_is_one_graph(torch, gt, device, host_r
 def test_the_grad_scaler_benchmark_runs(torch, gt, device):
     """benchmarks/grad_scaler_step.py at smoke size, every route: it runs and reports positive medians and
     ratios (no time is asserted)."""
-    import importlib.util
     import math
-    import pathlib
 
     if device.type != "cpu":
         pytest.skip("benchmarks/grad_scaler_step.py times the CPU scaler")
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "grad_scaler_step.py"
-    spec = importlib.util.spec_from_file_location("grad_scaler_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("grad_scaler_step")
     threads = torch.get_num_threads()
     try:
         out = module.main(["--sets", "tiny", "--steps", "2"])

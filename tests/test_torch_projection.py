@@ -199,13 +199,9 @@ def test_geoopt_stiefel_optimizer_tests_ported(torch, gt, device, cls, params):
 def test_the_learning_rate_transfer_example_runs(torch, gt):
     """examples/geoopt_lr_transfer.py (the migration guide's table) at smoke size: 1 seed, 250 steps."""
     pytest.importorskip("geoopt", reason="the example compares with geoopt's RiemannianAdam")
-    import importlib.util
-    import pathlib
+    from _examples import load_example
 
-    path = pathlib.Path(__file__).parent.parent / "examples" / "geoopt_lr_transfer.py"
-    spec = importlib.util.spec_from_file_location("geoopt_lr_transfer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_example("geoopt_lr_transfer")
     rows = module.main(["--seeds", "1", "--max-steps", "250", "--lrs", "1.0"])
     assert [r["library"] for r in rows] == ["geoopt", "geoarray", "geoarray"]
     by_rate = {(r["library"], round(r["lr"], 4)): r for r in rows}

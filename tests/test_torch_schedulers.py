@@ -184,14 +184,11 @@ def test_a_core_that_cannot_take_a_new_rate_refuses_the_change(torch, gt, device
 def test_the_scheduler_benchmark_runs(torch, gt):
     """benchmarks/torch_scheduler_step.py at smoke size: it runs and reports positive medians (no time
     is asserted)."""
-    import importlib.util
     import math
-    import pathlib
 
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "torch_scheduler_step.py"
-    spec = importlib.util.spec_from_file_location("torch_scheduler_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from _examples import load_benchmark
+
+    module = load_benchmark("torch_scheduler_step")
     threads = torch.get_num_threads()
     try:
         out = module.main(["--steps", "2"])

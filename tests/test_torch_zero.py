@@ -92,14 +92,9 @@ def _steps(opt, step_module, x, y, n: int) -> None:
 
 def _bench():
     """benchmarks/sharded_step.py, for its per-rank state count."""
-    import importlib.util
-    from pathlib import Path
+    from _examples import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharded_step.py"
-    spec = importlib.util.spec_from_file_location("sharded_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sharded_step")
 
 
 def _nan_steps(opt, step_module, model, x, y) -> None:
