@@ -8,11 +8,13 @@ optimizer state (bit for bit), is not counted in the state's ``skipped`` and bac
 ``scaler.unscale_(opt)`` before the step (to clip the gradients) is not undone twice. On the device route:
 ``scaler.step(opt)`` and ``scaler.update()`` read nothing to the host; the skip costs a fixed number of
 ``where``s for a core that skips by itself, one per tensor otherwise; a step that raises leaves no scale
-behind for the next step; a compiled step under the scaler is one graph for finite and skipped steps.
+behind for the next step; a compiled step under the scaler is one graph for finite and skipped steps; every
+array the route makes is on the parameters' device (torch's default device set to ``meta`` meanwhile).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -273,3 +275,23 @@ def test_the_default_skip_on_the_device_costs_no_select_per_parameter(torch, gt,
     }
     assert 0 < extra["skip", 4] == extra["skip", 8] <= 2, extra
     assert extra["ignore", 8] - extra["ignore", 4] >= 2 * 4, extra
+
+
+@pytest.mark.parametrize("on_nonfinite", ["skip", "ignore"])
+def test_the_device_route_makes_its_arrays_on_the_parameters_device(torch, gt, device, host_reads_policy, on_nonfinite):
+    """Three scaled steps, the second with an inf, taken with torch's default device set to ``meta``: an array
+    the device route made without ``device=`` would be a meta tensor and fail to combine with the gradients.
+    They equal the same steps without it, bit for bit (the same computation)."""
+    host_reads_policy("never")
+    results = []
+    for default in (None, "meta"):
+        params = _model(torch, gt, device)
+        opt = gt.PaperAdam(params, lr=0.05, on_nonfinite=on_nonfinite)
+        scaler = torch.amp.GradScaler(device.type, init_scale=SCALE)
+        for t in range(3):
+            _backward(torch, params, t, device, scaler, poison=t == 1)
+            with torch.device(default) if default else contextlib.nullcontext():
+                scaler.step(opt)
+            scaler.update()
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
