@@ -11,7 +11,9 @@ under ``jax.jit`` (no callback in the program, no transfer to the host while it 
 array-api-strict have no device, so there the tests check the results of the fixed-work route, which is
 the one CuPy runs on a GPU. Arrays made on the wrong device (on a GPU: on the CPU) are found on torch with
 its default device set to ``meta`` during a step, and in the array-api-strict session, which runs on its
-second device.
+second device. Beyond the optimizer's step, a whole torch training step (a ``geoarray.torch.nn.Module``'s forward,
+backward and the step) and each layer's forward and backward read nothing either: what capturing forward,
+backward and step in one CUDA graph needs.
 """
 
 from __future__ import annotations
@@ -444,3 +446,73 @@ def test_a_gpu_step_does_not_synchronise(backend, xp, device, name):
 
         with cupyx.allow_synchronize(False):
             opt.update(params, g, state)
+
+
+def _torch_training_steps(torch, device, *, stiefel: bool, analytic: bool):
+    """(step, model): a training step (forward, backward, ``PaperAdam`` step) of a two-block vision transformer
+    (the paper's architecture at a small size) wrapped as a ``geoarray.torch.nn.Module``."""
+    import geoarray.torch as gt
+    from geoarray import nn
+    from geoarray.models import ClassificationTransformer
+
+    model = ClassificationTransformer(16, 16, 10, n_heads=4, n_layers=2, stiefel=stiefel, add_connection=True)
+    params = model.init(0, xp=geoarray.as_namespace(torch), dtype=torch.float32, device=device)
+    m = gt.nn.Module(model, params=params, analytic=analytic)
+    opt = gt.PaperAdam(m.parameters(), lr=1e-3)
+    loss = nn.ClassificationL2Loss()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, 16, generator=g, dtype=torch.float32).to(device)
+    y = torch.nn.functional.one_hot(torch.arange(8) % 10, 10).to(device=device, dtype=torch.float32)
+
+    def step():
+        opt.zero_grad()
+        loss.value(m(x), y).backward()
+        opt.step()
+
+    return step
+
+
+@pytest.mark.parametrize("stiefel", [True, False], ids=["stiefel", "euclidean"])
+@pytest.mark.parametrize("analytic", [False, True], ids=["autograd", "analytic"])
+def test_a_torch_training_step_reads_nothing_to_the_host(backend, xp, device, policy, stiefel, analytic):
+    """A whole training step through geoarray.torch — a ``Module``'s forward, backward (torch's autograd or the
+    analytic pullbacks) and the optimizer's step — makes no host read or wait after the first step (which
+    builds the optimizer's state): what a CUDA graph that captures forward, backward and step together needs.
+    On a CUDA device it also runs under ``torch.cuda.set_sync_debug_mode("error")``."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch runs on the torch backend")
+    import torch
+
+    policy("never")
+    step = _torch_training_steps(torch, device, stiefel=stiefel, analytic=analytic)
+    step()
+    seen, _ = host_waits(step)
+    assert seen == [], f"host reads or waits in a training step: {seen}"
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+
+def test_every_torch_layer_reads_nothing_to_the_host_forward_and_backward(backend, xp, device):
+    """Each geoarray.torch.nn layer (tests/test_torch_nn.py's cases), with torch's autograd and, where it has
+    them, the analytic pullbacks: a forward and a backward make no host read or wait."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch runs on the torch backend")
+    import torch
+    from test_torch_nn import CASES
+
+    import geoarray.torch as gt
+
+    for name, (args, kwargs, shape) in sorted(CASES.items()):
+        for analytic in (False, True):
+            module = getattr(gt.nn, name)(
+                *args, seed=3, device=device, dtype=torch.float64, analytic=analytic, **kwargs
+            )
+            x = geoarray.random.normal(0, shape, xp=torch, dtype=torch.float64, device=device)
+            seen, _ = host_waits(lambda: module(x).sum().backward())  # noqa: B023
+            assert seen == [], f"{name} (analytic={analytic}): {seen}"
