@@ -312,3 +312,44 @@ def test_donation_with_an_optax_chain():
         p, state, _ = step(p, state, batch)
     assert first["Y"].is_deleted()
     assert mans["Y"].is_point(p["Y"], atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Adam with a schedule", "ManifoldMuon and Adam", "optax chain"])
+def test_a_train_step_moves_nothing_between_host_and_device(caplog, name):
+    """The whole jitted step (gradient and update, parameters and state donated) holds no host callback and,
+    once compiled, runs under ``jax.transfer_guard("disallow")``: what a GPU needs to keep its queue full.
+    With a learning-rate schedule (an optax schedule of the step count, which the state carries as an array)
+    the 5 steps compile once."""
+    import logging
+
+    import jax
+
+    params, mans, batch, loss = problem()
+    manifolds = mans
+    if name == "Adam with a schedule":
+        optax = pytest.importorskip("optax", reason="the schedule is optax's")
+        opt = ga.optim.Adam(lr=optax.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10))
+    elif name == "ManifoldMuon and Adam":
+        labels = {"Y": "muon", "w": "adam"}  # manifold Muon takes matrices: the vector gets Adam
+        opt = ga.optim.partition({"muon": ga.optim.ManifoldMuon(lr=1e-2), "adam": ga.optim.Adam(1e-2)}, labels)
+    else:
+        optax = pytest.importorskip("optax", reason="the chain is optax's")
+        opt, manifolds = (
+            optax.chain(optax.clip_by_global_norm(1.0), ga.jax.optax_transform(mans, "adam", lr=1e-2)),
+            None,
+        )
+    step, state = ga.jax.make_train_step(loss, opt, params, manifolds, donate=True)
+    jaxpr = str(jax.make_jaxpr(step)(params, state, batch))
+    for primitive in ("callback", "io_callback", "pure_callback", "debug_callback"):
+        assert primitive not in jaxpr, f"{name}: {primitive} in the jitted step"
+    p, s = jax.tree_util.tree_map(lambda a: a.copy(), params), state
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        p, s, first = step(p, s, batch)
+        jax.block_until_ready(p)
+        with jax.transfer_guard("disallow"):
+            for _ in range(4):
+                p, s, value = step(p, s, batch)
+            jax.block_until_ready((p, s, value))
+    assert _compiles(caplog, "step") == 1, [r.getMessage()[:80] for r in caplog.records]
+    assert float(value) < float(first)
+    assert mans["Y"].is_point(p["Y"], atol=1e-10)
