@@ -81,6 +81,13 @@ def test_bad_leaves_are_refused_naming_them(xp, device):
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="dual_iterations must be a non-negative int"):
             optim.ManifoldMuon(dual_iterations=bad)
+    for cls in (optim.ManifoldMuon, optim.Muon):
+        with pytest.raises(
+            TypeError, match=rf"{cls.__name__}\(lr=...\) takes a number, got the schedule.*keep the state"
+        ):
+            cls(lr=optim.schedules.exponential_decay(1e-2, 1e-3, 10))
+        with pytest.raises(ValueError, match="lr must be a non-negative finite number"):
+            cls(lr=-1e-3)
 
 
 def test_a_large_drift_is_removed_in_two_steps(xp, device):

@@ -111,6 +111,14 @@ class ManifoldMuon:
         group_same_shape: bool = True,
         on_nonfinite: str = "skip",
     ):
+        if callable(lr):
+            name = type(self).__name__
+            raise TypeError(
+                f"{name}(lr=...) takes a number, got the schedule {lr!r}: the compressed retraction chooses its "
+                f"series degree from the rate on the host, so the rate is fixed per optimizer. To schedule it, "
+                f"build {name}(lr=schedule(t)) when the rate changes and keep the state (its structure does not "
+                f"depend on lr); geoarray.torch.{name} does this for torch's LR schedulers"
+            )
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
         check_nonnegative(lr, "lr")
