@@ -9,7 +9,8 @@ optimizer state (bit for bit), is not counted in the state's ``skipped`` and bac
 ``scaler.step(opt)`` and ``scaler.update()`` read nothing to the host; the skip costs a fixed number of
 ``where``s for a core that skips by itself, one per tensor otherwise; a step that raises leaves no scale
 behind for the next step; a compiled step under the scaler is one graph for finite and skipped steps; every
-array the route makes is on the parameters' device (torch's default device set to ``meta`` meanwhile).
+array the route makes is on the parameters' device (torch's default device set to ``meta`` meanwhile); with
+``capturable=True`` the state stays in the buffers the first step made.
 """
 
 from __future__ import annotations
@@ -293,5 +294,29 @@ def test_the_device_route_makes_its_arrays_on_the_parameters_device(torch, gt, d
             with torch.device(default) if default else contextlib.nullcontext():
                 scaler.step(opt)
             scaler.update()
+        results.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_capturable_state_stays_in_its_buffers_under_the_scaler(torch, gt, device, host_reads_policy):
+    """``capturable=True`` on the device route: the steps (the third skipped for an inf) write the state into
+    the buffers the first step made (the same addresses, as a CUDA graph replays them) and equal the steps
+    without ``capturable`` bit for bit (the same computation)."""
+    import optree
+
+    host_reads_policy("never")
+    results = []
+    for capturable in (False, True):
+        params = _model(torch, gt, device)
+        opt = gt.PaperAdam(params, lr=0.05, capturable=capturable)
+        scaler = torch.amp.GradScaler(device.type, init_scale=SCALE)
+        addresses = []
+        for t in range(4):
+            _backward(torch, params, t, device, scaler, poison=t == 2)
+            scaler.step(opt)
+            scaler.update()
+            addresses.append([x.data_ptr() for c in opt._cohorts[0] for x in optree.tree_leaves(c.state)])
+        if capturable:
+            assert all(a == addresses[0] for a in addresses), "a step under the scaler replaced a state buffer"
         results.append([p.detach().clone() for p in params])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
