@@ -314,12 +314,12 @@ def test_donation_with_an_optax_chain():
     assert mans["Y"].is_point(p["Y"], atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["Adam with a schedule", "ManifoldMuon and Adam", "optax chain"])
+@pytest.mark.parametrize("name", ["Adam with a schedule", "ManifoldMuon with a schedule, and Adam", "optax chain"])
 def test_a_train_step_moves_nothing_between_host_and_device(caplog, name):
     """The whole jitted step (gradient and update, parameters and state donated) holds no host callback and,
     once compiled, runs under ``jax.transfer_guard("disallow")``: what a GPU needs to keep its queue full.
-    With a learning-rate schedule (an optax schedule of the step count, which the state carries as an array)
-    the 5 steps compile once."""
+    With a learning-rate schedule (an optax schedule of the step count, which the state carries as an array;
+    manifold Muon's with it) the 5 steps compile once."""
     import logging
 
     import jax
@@ -329,9 +329,11 @@ def test_a_train_step_moves_nothing_between_host_and_device(caplog, name):
     if name == "Adam with a schedule":
         optax = pytest.importorskip("optax", reason="the schedule is optax's")
         opt = ga.optim.Adam(lr=optax.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10))
-    elif name == "ManifoldMuon and Adam":
+    elif name == "ManifoldMuon with a schedule, and Adam":
+        optax = pytest.importorskip("optax", reason="the schedule is optax's")
         labels = {"Y": "muon", "w": "adam"}  # manifold Muon takes matrices: the vector gets Adam
-        opt = ga.optim.partition({"muon": ga.optim.ManifoldMuon(lr=1e-2), "adam": ga.optim.Adam(1e-2)}, labels)
+        muon = ga.optim.ManifoldMuon(lr=optax.cosine_decay_schedule(1e-2, 10))  # the degree picked by lax.switch
+        opt = ga.optim.partition({"muon": muon, "adam": ga.optim.Adam(1e-2)}, labels)
     else:
         optax = pytest.importorskip("optax", reason="the chain is optax's")
         opt, manifolds = (

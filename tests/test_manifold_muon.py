@@ -8,7 +8,7 @@ import optree
 import pytest
 
 import geoarray
-from _helpers import assert_close, to_numpy
+from _helpers import assert_agree, assert_close, to_numpy
 from geoarray import linalg, optim
 from geoarray.manifolds import Grassmann, Stiefel, SymplecticStiefel
 from geoarray.optim.muon import manifold_muon_step, muon
@@ -82,12 +82,36 @@ def test_bad_leaves_are_refused_naming_them(xp, device):
         with pytest.raises(ValueError, match="dual_iterations must be a non-negative int"):
             optim.ManifoldMuon(dual_iterations=bad)
     for cls in (optim.ManifoldMuon, optim.Muon):
-        with pytest.raises(
-            TypeError, match=rf"{cls.__name__}\(lr=...\) takes a number, got the schedule.*keep the state"
-        ):
-            cls(lr=optim.schedules.exponential_decay(1e-2, 1e-3, 10))
         with pytest.raises(ValueError, match="lr must be a non-negative finite number"):
             cls(lr=-1e-3)
+
+
+@pytest.mark.parametrize("lr", [1e-2, 0.3], ids=["series", "eigh"])
+def test_a_schedule_steps_as_the_optimizers_built_at_its_rates(xp, device, lr):
+    """``lr`` may be a schedule of t = 1, 2, … (:mod:`geoarray.optim.schedules`): four steps equal those of
+    optimizers built at each step's rate, the state carried (AGREE_RTOL: a rate held in an array picks the
+    retraction's series degree where it lives, a number on the host), on a Stiefel, a Grassmann and a
+    Euclidean matrix leaf; ``lr`` 0.3 takes the ``eigh`` route (beyond the series' degrees)."""
+    S, Gr = Stiefel(8, 3), Grassmann(7, 2)
+    params = {"S": S.random(0, xp=xp, device=device), "G": Gr.random(1, xp=xp, device=device)}
+    params["E"] = geoarray.random.normal(2, (5, 4), xp=xp, device=device)
+    mans = {"S": S, "G": Gr, "E": None}
+    schedule = optim.schedules.exponential_decay(lr, lr / 4, 3)
+    opt = optim.ManifoldMuon(lr=schedule, weight_decay=0.1)
+    p, q = params, params
+    state = opt.init(p, mans)
+    ref_state = optim.ManifoldMuon(lr=lr, weight_decay=0.1).init(q, mans)
+    for t in range(4):
+        g = {
+            k: geoarray.random.normal(10 + 3 * t + i, tuple(v.shape), xp=xp, device=device)
+            for i, (k, v) in enumerate(params.items())
+        }
+        p, state = opt.update(p, g, state)
+        rate = float(to_numpy(schedule(xp.asarray(float(t + 1), device=device))))
+        q, ref_state = optim.ManifoldMuon(lr=rate, weight_decay=0.1).update(q, g, ref_state)
+        for k in params:
+            assert_agree(p[k], q[k], what=f"{k}, step {t}")
+    assert S.is_point(p["S"], atol=1e-12) and Gr.is_point(p["G"], atol=1e-12)
 
 
 def test_a_large_drift_is_removed_in_two_steps(xp, device):

@@ -16,9 +16,9 @@ nothing to the host (the device's default policy, :func:`geoarray.set_host_reads
   steps equal the uninterrupted ones bit for bit;
 * a tensor lr on the parameters' device, written in place by a scheduler, is read there at every step
   (the same weights as a float lr under the same scheduler, the same buffers);
-* refusals, each naming the fix, nothing changed: a tensor lr on another device or for manifold Muon
-  (whose core reads it with ``.item()``), ``stabilize`` (a Python count), and a captured step that would
-  build state or make the buffers (the capture is simulated on the CPU by making
+* refusals, each naming the fix, nothing changed: a tensor lr on another device or for a manifold Muon
+  core given as an instance (which takes its rate at construction), ``stabilize`` (a Python count), and a
+  captured step that would build state or make the buffers (the capture is simulated on the CPU by making
   ``torch.cuda.is_current_stream_capturing`` answer True);
 * on a CUDA device (``torch-cuda`` session): forward, backward and step captured in one
   ``torch.cuda.CUDAGraph`` and replayed on new batches agree with eager ``capturable=False`` steps to
@@ -131,7 +131,8 @@ def test_capturable_refusals_name_the_fix(torch, gt, device):
         check_capturable(group, 0, "Adam")
     with pytest.raises(ValueError, match=r"AdamW\(capturable=True\) cannot take stabilize=5"):
         gt.AdamW([W, b], capturable=True, stabilize=5)
-    # manifold Muon's rate is inside its core, which would read a tensor lr with .item() at every step
+    # a manifold Muon core given as an instance took its rate at construction: a tensor lr would be read
+    # with .item() at every step (geoarray.torch.ManifoldMuon reads it on the device)
     muon = gt.Optimizer([W], geoarray.optim.ManifoldMuon(1e-2))
     _loss(torch, W, b, _batch(torch, 0, device)).backward()
     muon.step()
@@ -153,7 +154,7 @@ def test_capturable_refusals_name_the_fix(torch, gt, device):
     assert torch.equal(W.detach(), before)
 
 
-@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "Gradient", "AdamWithDecay"])
+@pytest.mark.parametrize("name", ["Adam", "PaperAdam", "Gradient", "AdamWithDecay", "ManifoldMuon"])
 def test_a_tensor_lr_is_read_on_the_device_and_follows_a_scheduler(torch, gt, device, name):
     """torch's recipe for a scheduled step in a CUDA graph: a tensor lr on the parameters' device, which
     the scheduler writes in place (``fill_``). With ``capturable=True`` the step multiplies by that tensor
@@ -166,6 +167,8 @@ def test_a_tensor_lr_is_read_on_the_device_and_follows_a_scheduler(torch, gt, de
         "Gradient": lambda ps, lr: gt.Gradient(ps, lr=lr, capturable=isinstance(lr, torch.Tensor)),
         # its decay from lr_start times lr/lr_start: a tensor lr scales the decayed rate
         "AdamWithDecay": lambda ps, lr: gt.AdamWithDecay(ps, n_steps=10, capturable=isinstance(lr, torch.Tensor)),
+        # its core takes the group's rate as a schedule: a 0-d array, whose series degree is picked where it lives
+        "ManifoldMuon": lambda ps, lr: gt.ManifoldMuon(ps[:1], lr=lr, capturable=isinstance(lr, torch.Tensor)),
     }
     tensor_run, float_run = _model(torch, gt, device), _model(torch, gt, device)
     opt = makers[name](list(tensor_run), torch.tensor(1e-2, dtype=torch.float64, device=device))

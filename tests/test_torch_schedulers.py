@@ -219,38 +219,37 @@ def test_a_checkpoint_whose_groups_lack_lr_loads_and_schedules(torch, gt, device
 
 
 @pytest.mark.parametrize("name", ["ManifoldMuon", "Muon"])
-def test_a_new_rate_takes_a_new_core_and_no_fresh_state(torch, gt, device, name, monkeypatch):
-    """ManifoldMuon and Muon have the rate inside their core, so a scheduler's new lr builds a new core. It
-    builds no fresh state: the rate is in no state's structure, and the structure check of other changes
-    builds one on random points (ManifoldMuon on the ViT weights: +2.9 ms per step, a third of it). The
-    steps equal, bit for bit, those that went through that check (the same core and state); a change of
-    another hyperparameter still goes through it."""
-    from geoarray.torch import optim as gt_optim
+def test_a_new_rate_builds_no_core_and_steps_at_that_rate(torch, gt, device, name, monkeypatch):
+    """ManifoldMuon and Muon read ``lr`` from the param group at every step (their core takes it as a
+    schedule): a scheduler's new rate builds neither a core nor a state, and three steps under ExponentialLR
+    equal three updates of the array-API core built at each step's rate, with the state carried (to
+    AGREE_RTOL: two code paths). A change of another hyperparameter still builds a new core."""
+    from geoarray.torch import methods as gt_methods
 
-    def run(shortcut):
-        shortcut_or_not = gt_optim._differ_only_in if shortcut else lambda a, b, names: False
-        monkeypatch.setattr(gt_optim, "_differ_only_in", shortcut_or_not)
-        params, _ = _mixed(torch, gt, device, name)
-        opt = _optimizers(gt)[name](params)
-        fresh = []
-        monkeypatch.setattr(type(opt), "_new_cohort", _counting(type(opt)._new_cohort, fresh))
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
-        for t in range(3):
-            _grads(torch, params, t)
-            opt.step()
-            scheduler.step()
-        lr_changes = len(fresh)
-        opt.param_groups[0]["momentum"] = 0.9
-        _grads(torch, params, 3)
+    params, M = _mixed(torch, gt, device, name)
+    cores = []
+    monkeypatch.setattr(gt_methods.ManifoldMuon, "_core_for", _counting(gt_methods.ManifoldMuon._core_for, cores))
+    opt = _optimizers(gt)[name](params)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
+    manifolds = [M if isinstance(p, gt.ManifoldParameter) else None for p in params]
+    core_type = getattr(geoarray.optim, name)
+    leaves = [p.detach().clone() for p in params]
+    state = core_type(lr=1e-2).init(leaves, manifolds)
+    for t in range(3):
+        rate = opt.param_groups[0]["lr"]
+        _grads(torch, params, t)
+        leaves, state = core_type(lr=rate).update(leaves, [p.grad for p in params], state)
         opt.step()
-        return [p.detach().clone() for p in params], lr_changes, len(fresh) - lr_changes
-
-    got, fresh_at_new_rates, fresh_at_momentum = run(shortcut=True)
-    expected, checked_at_new_rates, _ = run(shortcut=False)
-    assert (fresh_at_new_rates, fresh_at_momentum) == (1, 1)  # the first step's cohort, then the momentum change
-    assert checked_at_new_rates == 3  # without the shortcut: the first step and two new rates
-    for p, q in zip(got, expected, strict=True):
-        assert torch.equal(p, q)
+        scheduler.step()
+        if t == 0:
+            built = len(cores)  # the group's probe core, and its cohort's core made at the first step
+    assert len(cores) == built, f"{name}: a new rate built {len(cores) - built} cores"
+    for p, q in zip(params, leaves, strict=True):
+        assert_agree(p.detach(), q, what=name)
+    opt.param_groups[0]["momentum"] = 0.9
+    _grads(torch, params, 3)
+    opt.step()
+    assert len(cores) == built + 1, f"{name}: a new momentum built {len(cores) - built} cores"
 
 
 def _counting(method, calls):

@@ -33,6 +33,7 @@ Grassmann (horizontal: YᵀA = 0): A* = msign((I − YYᵀ)G) in closed form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _backend, linalg
@@ -122,6 +123,30 @@ def _series_degree(lr: float, eps: float) -> int | None:
     return None
 
 
+def _degree_limits(eps: float) -> tuple[float, ...]:
+    # The largest lr each degree of _series_degree covers (ascending: degree 2, 4, 8), by bisection on its
+    # monotone rule: the thresholds for choosing the degree from a rate held in an array
+    limits = []
+    for k in (2, 4, 8):
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            d = _series_degree(mid, eps)
+            lo, hi = (mid, hi) if d is not None and d <= k else (lo, mid)
+        limits.append(lo)
+    return tuple(limits)
+
+
+# per machine epsilon (float16, bfloat16, float32, float64): made at import, so that a traced step reads a
+# constant table (torch.compile warns on functools caches)
+_DEGREE_LIMITS = {eps: _degree_limits(eps) for eps in (2.0**-10, 2.0**-7, 2.0**-23, 2.0**-52)}
+
+
+def _limits(eps: float) -> tuple[float, ...]:
+    limits = _DEGREE_LIMITS.get(eps)
+    return _degree_limits(eps) if limits is None else limits
+
+
 def _inv_sqrt_near_identity(E: Array, degree: int, xp: Any) -> Array:
     # (I + E)^{-1/2} ≈ I + E(c₁I + E(c₂I + … + c_k E)) by Horner: k − 1 products of n×n matrices
     # instead of an eigh (see _series_degree for the error bound). E is symmetric, and so is the result.
@@ -198,7 +223,7 @@ def _stiefel_step(
     n_iter: int,
     step: float,
     direction: bool,
-    degree: int | None,
+    degree: int | str | None,
 ) -> tuple[Array, ...]:
     # Same K, C and P as _stiefel_solve; then X = Y − lr·A = Y B₁ + G⊥ B₂ with the n×n blocks
     # B₁ = I − lr·W₁, B₂ = −lr·H, and polar(X) = X (XᵀX)^{-1/2} = Y (B₁ Z) + G⊥ (B₂ Z) with
@@ -219,7 +244,15 @@ def _stiefel_step(
     cross = B1t @ (F @ B2)
     # B₂ᵀCB₂ = lr²·(sH)C(sH), already formed for ‖W‖₂
     gram = B1t @ (E @ B1) + cross + xp.matrix_transpose(cross) + (lr * lr) * HCH
-    if degree is None:
+    if degree == "select":  # the rate is an array: the degree its value needs, chosen where it lives
+        eye = linalg.eye(n, Y)
+
+        def series(k: int) -> Callable[[Array], Array]:
+            return lambda g: _inv_sqrt_near_identity(g - eye, k, xp)
+
+        branches = [series(2), series(4), series(8), lambda g: _inv_sqrt_psd(g, xp)[0]]
+        Z = _backend.select(lr, _limits(float(xp.finfo(Y.dtype).eps)), branches, gram, xp)
+    elif degree is None or isinstance(degree, str):
         Z, _ = _inv_sqrt_psd(gram, xp)
     else:
         Z = _inv_sqrt_near_identity(gram - linalg.eye(n, Y), degree, xp)
@@ -283,7 +316,7 @@ def stiefel_spectral_step(
     Y: Array,
     G: Array,
     *,
-    lr: float,
+    lr: Any,
     P0: Array | None = None,
     n_iter: int = 100,
     step: float = 1.0,
@@ -311,6 +344,12 @@ def stiefel_spectral_step(
     Cost: six O(N·n²) products (YᵀG, YYᵀG, G⊥ᵀG⊥, YᵀY and the two of Y_new) instead of seven, A
     itself (two more) only if ``return_direction``; ``n_iter + 1`` n×n ``eigh`` and one ``eigvalsh``.
 
+    ``lr`` may also be a 0-d array (a schedule's value under ``jax.jit``, a tensor learning rate) or a
+    traced scalar (a float that ``torch.compile`` made symbolic), whose value is not checked: the degree
+    is then chosen where the rate lives (``geoarray._backend.select``: read where host reads are
+    allowed, ``lax.switch`` on JAX, the ``eigh`` route under ``torch.compile`` or on a GPU), so a
+    changing rate compiles nothing again.
+
     Returns (Y_new, P), or (Y_new, A*, P) with ``return_direction=True``.
     """
     xp = _check(Y, G, P0)
@@ -318,14 +357,19 @@ def stiefel_spectral_step(
         raise ValueError(f"n_iter must be a non-negative int, got {n_iter!r}")
     if not 0 < step < 2:
         raise ValueError(f"step must be in (0, 2), got {step!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
-        raise ValueError(f"lr must be a non-negative number, got {lr!r}")
     n = Y.shape[-1]
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
-    # lr is an array argument, not a static one: a schedule would otherwise recompile every step on JAX
-    # (full, not asarray: a Python number copied to a CUDA device is a synchronisation)
-    lr_arr = xp.full((), float(lr), dtype=Y.dtype, device=_backend.device(Y))
-    degree = _series_degree(float(lr), xp.finfo(Y.dtype).eps)
+    degree: int | str | None
+    if is_number(lr):
+        if not lr >= 0:
+            raise ValueError(f"lr must be a non-negative number, got {lr!r}")
+        # lr is an array argument, not a static one: a schedule would otherwise recompile every step on JAX
+        # (full, not asarray: a Python number copied to a CUDA device is a synchronisation)
+        lr_arr = xp.full((), float(lr), dtype=Y.dtype, device=_backend.device(Y))
+        degree = _series_degree(float(lr), xp.finfo(Y.dtype).eps)
+    else:
+        lr_arr = rate_array(lr, Y, xp)
+        degree = "select"
     return _backend.compiled(_stiefel_step, xp, "xp", "n_iter", "step", "direction", "degree")(
         Y, G, P, lr_arr, xp=xp, n_iter=n_iter, step=float(step), direction=bool(return_direction), degree=degree
     )
@@ -350,3 +394,18 @@ def grassmann_spectral_direction(Y: Array, G: Array) -> Array:
     xp = _check(Y, G)
     Gh = G - Y @ (xp.matrix_transpose(Y) @ G)
     return linalg.msign(Gh)
+
+
+def is_number(lr: Any) -> bool:
+    """Whether ``lr`` is a Python number (known on the host), not an array or a traced scalar."""
+    return isinstance(lr, (int, float)) and not isinstance(lr, bool)
+
+
+def rate_array(lr: Any, like: Array, xp: Any) -> Array:
+    """A rate as a 0-d array of ``like``'s dtype on its device: a number (or a scalar that ``torch.compile``
+    traces as a symbol) filled in, an array reshaped and cast."""
+    if isinstance(lr, (int, float)):
+        # a product, not full(): torch.compile keeps a symbolic scalar an input of the graph in arithmetic, and
+        # specializes it (recompiling at every new value) as full()'s fill value
+        return lr * xp.ones((), dtype=like.dtype, device=_backend.device(like))
+    return xp.astype(xp.reshape(lr, ()), like.dtype)

@@ -28,6 +28,7 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
+from ..manifolds.spectral import is_number, rate_array
 from . import layout as _layout
 from .layout import Layout
 from .muon import (
@@ -39,7 +40,7 @@ from .muon import (
     supports_manifold_muon,
 )
 from .riemannian import ON_NONFINITE, finiteness, warn_skipped
-from .transforms import check_nonnegative, check_unit_interval, zero_count
+from .transforms import check_nonnegative, check_unit_interval, count_as_float, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
@@ -67,9 +68,12 @@ class ManifoldMuon:
 
     Parameters
     ----------
-    lr : float
+    lr : float or schedule
         η, the spectral length of a step (default 5e-3, the best of the rates measured on the vision
-        transformer on digits: 3e-3, 5e-3, 1e-2, 2e-2; see the README's optimizer table).
+        transformer on digits: 3e-3, 5e-3, 1e-2, 2e-2; see the README's optimizer table), or a schedule of
+        t = 1, 2, … (:mod:`geoarray.optim.schedules`, or an optax schedule), evaluated at every step on the
+        device: the Stiefel retraction then picks its series degree where the rate lives
+        (:func:`geoarray.manifolds.spectral.stiefel_spectral_step`), so a jitted step compiles once.
     momentum, nesterov : float, bool
         torch.optim.Muon's EMA momentum and Nesterov variant (defaults 0.95, True).
     weight_decay : float
@@ -111,17 +115,10 @@ class ManifoldMuon:
         group_same_shape: bool = True,
         on_nonfinite: str = "skip",
     ):
-        if callable(lr):
-            name = type(self).__name__
-            raise TypeError(
-                f"{name}(lr=...) takes a number, got the schedule {lr!r}: the compressed retraction chooses its "
-                f"series degree from the rate on the host, so the rate is fixed per optimizer. To schedule it, "
-                f"build {name}(lr=schedule(t)) when the rate changes and keep the state (its structure does not "
-                f"depend on lr); geoarray.torch.{name} does this for torch's LR schedulers"
-            )
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
-        check_nonnegative(lr, "lr")
+        if not callable(lr):
+            check_nonnegative(lr, "lr")
         check_nonnegative(weight_decay, "weight_decay")
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
@@ -134,11 +131,14 @@ class ManifoldMuon:
             raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
         if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:
             raise ValueError(f"dual_iterations must be a non-negative int, got {dual_iterations!r}")
-        self.lr, self.momentum, self.nesterov = float(lr), check_unit_interval(momentum, "momentum"), bool(nesterov)
+        self.lr: Any = lr if callable(lr) else float(lr)
+        self.momentum, self.nesterov = check_unit_interval(momentum, "momentum"), bool(nesterov)
         self.weight_decay, self.dual_iterations, self.retraction_name = float(weight_decay), dual_iterations, retraction
         self.group_same_shape = bool(group_same_shape)
+        # Muon's step at unit rate, −(O + λθ), scaled by the step's rate in update: a schedule's rate is known
+        # only then (the same products as muon(lr): −lr·x = lr·(−x) exactly)
         self.transform = muon(
-            lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype
+            1.0, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -217,6 +217,8 @@ class ManifoldMuon:
         # masked steps keep the old values where the flag is false (bit for bit)
         keep = (lambda new, old: new) if finite is None else (lambda new, old: xp.where(finite, new, old))
         mu = self.momentum
+        # the rate of this step: a number, or a schedule's value at t = step + 1 (a 0-d array per group's dtype)
+        schedule = self.lr if callable(self.lr) else None
         new_leaves: list = [None] * len(leaves)
         buffers, duals, e_points, e_grads, e_groups = [], [], [], [], []
         for group, G, buf, P in zip(layout.groups, packed_grads, state.buffers, state.duals, strict=True):
@@ -233,14 +235,15 @@ class ManifoldMuon:
             buf_new = _backend.lerp(buf, G, 1.0 - mu, xp)
             U = _backend.lerp(G, buf_new, mu, xp) if self.nesterov else buf_new
             Y_new, _, P_new = manifold_muon_step(
-                M, Y, U, None if isinstance(P, NoDual) else P, lr=self.lr, n_iter=self.dual_iterations,
-                retraction=self.retraction_name, return_direction=False,
+                M, Y, U, None if isinstance(P, NoDual) else P, lr=self._rate(schedule, state.step, Y, xp),
+                n_iter=self.dual_iterations, retraction=self.retraction_name, return_direction=False,
             )  # fmt: skip
             _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
             buffers.append(keep(buf_new, buf))
             duals.append(P if P_new is None else keep(P_new, P))
         updates, muon_state = self.transform.update(tuple(e_grads), state.muon, tuple(e_points))
         for group, Y, W in zip(e_groups, e_points, updates, strict=True):
+            W = self._rate(schedule, state.step, Y, xp) * W
             _layout.unpack(group, keep(Y + W, Y), layout.shapes, xp, new_leaves)
         step, skipped = _backend.as_array(state.step + 1), state.skipped
         if finite is not None:
@@ -251,6 +254,14 @@ class ManifoldMuon:
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
         # inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
+
+    def _rate(self, schedule: Any, step: Array, like: Array, xp: Any) -> Any:
+        """This step's rate for a group like ``like``: ``lr``, or the schedule's value at t = step + 1 (a 0-d
+        array of ``like``'s dtype, as :mod:`geoarray.optim.schedules` defines t)."""
+        if schedule is None:
+            return self.lr
+        value = schedule(count_as_float(step + 1, like))
+        return value if is_number(value) else rate_array(value, like, xp)
 
 
 class Muon(ManifoldMuon):

@@ -32,6 +32,7 @@ import optree
 from .. import _backend, linalg
 from .._backend import array_namespace
 from ..manifolds.grassmann import Grassmann
+from ..manifolds.spectral import is_number
 from ..manifolds.stiefel import Stiefel
 from .layout import leaf_path
 from .transforms import GradientTransformation, check_nonnegative, check_unit_interval
@@ -281,7 +282,7 @@ def manifold_muon_step(
     G: Array,
     P: Array | None,
     *,
-    lr: float,
+    lr: Any,
     n_iter: int = 1,
     retraction: str = "polar",
     return_direction: bool = True,
@@ -335,7 +336,7 @@ def manifold_muon_step(
     ``retraction="geodesic"`` or ``"cayley"`` instead lifts −lr·A* to g^hor with a Householder
     section and retracts there (Brantner, eq. 13): λ(Y)·exp(−lr·Ω(A*))E or its Cayley version.
     """
-    if not lr >= 0:
+    if is_number(lr) and not lr >= 0:  # an array or a traced rate is the caller's to check
         raise ValueError(f"lr must be non-negative, got {lr!r}")
     if retraction not in MANIFOLD_MUON_RETRACTIONS:
         raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
@@ -387,7 +388,7 @@ def dual_shape(manifold: Any) -> tuple[int, ...] | None:
     return None if shape is None else tuple(shape(manifold))
 
 
-def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: float, retraction: str) -> tuple:
+def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: Any, retraction: str) -> tuple:
     """Y_new by the polar retraction of Y − lr·A*, or through g^hor (exp/Cayley)."""
     if retraction == "polar":
         Y_new = linalg.polar(Y - lr * A, method="eigh")
@@ -397,7 +398,7 @@ def _finish(manifold: Any, Y: Array, A: Array, P_new: Any, lr: float, retraction
     return Y_new, A, P_new
 
 
-def _stiefel_step(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int,
+def _stiefel_step(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr: Any, n_iter: int,
                   retraction: str, return_direction: bool) -> tuple:  # fmt: skip
     if retraction == "polar":
         from ..manifolds.spectral import stiefel_spectral_step
@@ -410,7 +411,7 @@ def _stiefel_step(manifold: Stiefel, Y: Array, G: Array, P: Array | None, *, lr:
     return _finish(manifold, Y, A, P_new, lr, retraction)
 
 
-def _grassmann_step(manifold: Grassmann, Y: Array, G: Array, P: Array | None, *, lr: float, n_iter: int,
+def _grassmann_step(manifold: Grassmann, Y: Array, G: Array, P: Array | None, *, lr: Any, n_iter: int,
                     retraction: str, return_direction: bool) -> tuple:  # fmt: skip
     return _finish(manifold, Y, manifold.spectral_direction(Y, G), P, lr, retraction)
 

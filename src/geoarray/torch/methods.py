@@ -226,12 +226,15 @@ class ManifoldMuon(MethodOptimizer):
     ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
 
     Every argument is a param-group hyperparameter (``lr``, ``momentum``, ``nesterov``,
-    ``weight_decay``, …, as in ``torch.optim.Muon``), so torch's LR schedulers work; a change builds a
-    new core for the group, keeping its state (the rate enters the core's compressed retraction). Vectors
-    and scalars are refused with a pointer to a second optimizer: give them ``geoarray.torch.Adam``.
+    ``weight_decay``, …, as in ``torch.optim.Muon``), so torch's LR schedulers work. ``lr`` is read at
+    every step (the core takes it as a schedule, :class:`~geoarray.optim.ManifoldMuon`): a scheduler's new
+    rate builds nothing, and a compiled step takes it as an input once dynamo has seen it change (the
+    Stiefel retraction then picks its series degree on the device: the ``eigh`` route under
+    ``torch.compile``); a change of any other key builds a new core for the group, keeping its state.
+    Vectors and scalars are refused with a pointer to a second optimizer: give them ``geoarray.torch.Adam``.
     """
 
-    _LIVE = ()
+    _LIVE = ("lr",)
     _CORE: type[_optim.ManifoldMuon] = _optim.ManifoldMuon
 
     def __init__(
@@ -256,7 +259,9 @@ class ManifoldMuon(MethodOptimizer):
             raise TypeError(
                 f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
             )
-        self._CORE(lr, **kwargs)  # bad values fail here, with the core's message
+        # bad values fail here, with the core's message (a tensor lr, read on the device at every step, is
+        # checked by its value once)
+        self._CORE(lr.item() if isinstance(lr, torch.Tensor) else lr, **kwargs)
         super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> _optim.ManifoldMuon:
@@ -265,8 +270,36 @@ class ManifoldMuon(MethodOptimizer):
             for k, v in group.items()
             if k not in BOOKKEEPING and k not in ("lr", "capturable") and k in self._known
         }
-        lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
-        return self._CORE(lr, **kwargs)
+        return self._CORE(_Rate.of(self, group), **kwargs)
+
+
+class _Rate(LiveHyperparameter):
+    """The param group's ``lr`` as the schedule of a manifold-Muon core, read at every step. Eagerly a float
+    is passed as the number it is (the Stiefel retraction picks its series degree from it on the host). In a
+    compiled step the rate the core was built with is passed as that constant (the series route, as for a
+    fixed rate), and a rate a scheduler changed as a 0-d tensor: an input of the graph, whose degree is
+    picked on the device (``stiefel_spectral_step``), so that new rates compile nothing again. A tensor
+    ``lr`` is passed as it is."""
+
+    def __init__(self, optimizer: Any, group_index: int, built: float):
+        super().__init__(optimizer, group_index)
+        self.built = built
+
+    @classmethod
+    def of(cls, optimizer: Any, group: dict) -> Any:
+        live = optimizer._lr(group)
+        if not isinstance(live, LiveHyperparameter):
+            return live  # the probe core of a group being added: its constant rate
+        value = live()
+        return cls(optimizer, live._group_index, value.item() if isinstance(value, torch.Tensor) else float(value))
+
+    def __call__(self, t: Any = None) -> Any:
+        value = super().__call__(t)
+        if isinstance(value, torch.Tensor) or not torch.compiler.is_compiling():
+            return value
+        if value == self.built:  # a guard on this comparison, not on the value
+            return self.built
+        return value * torch.ones((), dtype=torch.float64)
 
 
 class Muon(ManifoldMuon):
