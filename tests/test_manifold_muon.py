@@ -84,6 +84,12 @@ def test_bad_leaves_are_refused_naming_them(xp, device):
     for cls in (optim.ManifoldMuon, optim.Muon):
         with pytest.raises(ValueError, match="lr must be a non-negative finite number"):
             cls(lr=-1e-3)
+    from geoarray.manifolds.spectral import stiefel_spectral_step
+
+    G = geoarray.random.normal(1, (5, 2), xp=xp, device=device)
+    for bad, message in ((-1e-3, "got -0.001"), (True, "or a 0-d array, got True"), (None, "got None")):
+        with pytest.raises(ValueError, match=rf"lr must be a non-negative number.*{message}"):
+            stiefel_spectral_step(Y, G, lr=bad)
 
 
 @pytest.mark.parametrize("lr", [1e-2, 0.3], ids=["series", "eigh"])

@@ -360,6 +360,8 @@ def stiefel_spectral_step(
     n = Y.shape[-1]
     P = xp.zeros((n, n), dtype=Y.dtype, device=_backend.device(Y)) if P0 is None else P0
     degree: int | str | None
+    if isinstance(lr, (bool, str, bytes)) or lr is None:
+        raise ValueError(f"lr must be a non-negative number or a 0-d array, got {lr!r}")
     if is_number(lr):
         if not lr >= 0:
             raise ValueError(f"lr must be a non-negative number, got {lr!r}")
