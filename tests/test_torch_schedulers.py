@@ -302,3 +302,23 @@ def test_a_one_element_tensor_lr_keeps_every_parameter_shape(torch, gt, device):
         runs.append((s.detach().clone(), v.detach().clone()))
     for a, b in zip(*runs, strict=True):
         assert_agree(a, b)
+
+
+def test_a_changed_rate_in_a_compiled_manifold_muon_step_lives_with_the_parameters(torch, gt, device, monkeypatch):
+    """In a compiled step (simulated: ``torch.compiler.is_compiling`` answers True), geoarray.torch's ManifoldMuon
+    passes the rate its core was built with as that Python number, and a rate a scheduler changed as a 0-d
+    tensor on the parameters' device (a CPU input would keep a CUDA step out of CUDA graphs) in the widest of
+    their dtypes (float64 for a float32 and a float64 weight: the rate is not rounded to float32)."""
+    M = Stiefel(5, 2)
+    Y = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32, device=device), M)
+    A = torch.nn.Parameter(torch.ones(4, 3, dtype=torch.float64, device=device))
+    opt = gt.ManifoldMuon([Y, A], lr=1e-2)
+    _grads(torch, [Y, A], 0)
+    opt.step()
+    rate = opt._cohorts[0][0].core.lr
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert rate() == 1e-2 and isinstance(rate(), float)
+    opt.param_groups[0]["lr"] = 1 / 3
+    value = rate()
+    assert isinstance(value, torch.Tensor) and value.device == device and value.dtype == torch.float64
+    assert value.item() == 1 / 3

@@ -7,6 +7,7 @@ torch's own conventions (``Adam``, ``AdamW``, ``SGD``) are in :mod:`geoarray.tor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -281,9 +282,13 @@ class _Rate(LiveHyperparameter):
     picked on the device (``stiefel_spectral_step``), so that new rates compile nothing again. A tensor
     ``lr`` is passed as it is."""
 
-    def __init__(self, optimizer: Any, group_index: int, built: float):
+    def __init__(self, optimizer: Any, group_index: int, built: float, params: list):
         super().__init__(optimizer, group_index)
         self.built = built
+        # a changed rate is made where the parameters live (a CPU input would keep a CUDA step out of CUDA
+        # graphs, mode="reduce-overhead"), in the widest of their dtypes (float64 is not on every device)
+        self.device = params[0].device
+        self.dtype = functools.reduce(torch.promote_types, [p.dtype for p in params])
 
     @classmethod
     def of(cls, optimizer: Any, group: dict) -> Any:
@@ -291,7 +296,8 @@ class _Rate(LiveHyperparameter):
         if not isinstance(live, LiveHyperparameter):
             return live  # the probe core of a group being added: its constant rate
         value = live()
-        return cls(optimizer, live._group_index, value.item() if isinstance(value, torch.Tensor) else float(value))
+        built = value.item() if isinstance(value, torch.Tensor) else float(value)
+        return cls(optimizer, live._group_index, built, group["params"])
 
     def __call__(self, t: Any = None) -> Any:
         value = super().__call__(t)
@@ -299,7 +305,7 @@ class _Rate(LiveHyperparameter):
             return value
         if value == self.built:  # a guard on this comparison, not on the value
             return self.built
-        return value * torch.ones((), dtype=torch.float64)
+        return value * torch.ones((), dtype=self.dtype, device=self.device)
 
 
 class Muon(ManifoldMuon):
