@@ -12,8 +12,9 @@ that would have to build state raises ``RuntimeError`` saying to run it eagerly,
 checks the values on request, naming the parameter. The same holds with the guards on the library's globals dropped
 (``options={"guard_filter_fn": geoarray.torch.skip_guards_on_library_globals}``), which keeps those on
 the arguments and on the caller's globals. The loops of a torch user's code: the steps of several
-optimizers compiled in one process, torch's recipe for a compiled step with an LR scheduler, and a first
-compile in a fresh process, which warns nothing of geoarray's. (``capturable=True``:
+optimizers compiled in one process, torch's recipe for a compiled step with an LR scheduler, a first
+compile in a fresh process, which warns nothing of geoarray's, and a compiled ``geoarray.torch.nn.Module``
+(forward and backward in one graph) trained by a compiled step. (``capturable=True``:
 ``tests/test_torch_capturable.py``.)
 """
 
@@ -391,3 +392,59 @@ def test_manifold_muon_compiled_at_a_fixed_rate_keeps_the_series_retraction(torc
         step()
     assert eighs[-1] == 3 and len(eighs) <= 3, eighs
     assert M.is_point(W.detach(), atol=1e-12)
+
+
+@pytest.mark.parametrize("analytic", [False, True], ids=["autograd", "analytic"])
+def test_a_compiled_model_and_step_train_like_eager(torch, gt, device, analytic):
+    """A torch user's compiled training loop: ``torch.compile(module, fullgraph=True)`` of a
+    ``geoarray.torch.nn.Module`` (a two-block vision transformer with Stiefel attention weights) traces its
+    forward and, through AOT autograd, its backward — torch's autograd or the analytic pullbacks, each a
+    ``torch.autograd.Function`` — in one graph, and ``torch.compile(opt.step, fullgraph=True)`` the
+    ``PaperAdam`` step; over 4 steps (the first eagerly: it builds the state) loss and weights equal an eager
+    twin's to ``AGREE_RTOL``, one compilation serves every step, and the Stiefel weights stay orthonormal to
+    1e-12. A last batch of another size (a data loader without ``drop_last``) is a recompilation, not an error."""
+    import torch._dynamo
+
+    from geoarray import nn
+    from geoarray.models import ClassificationTransformer
+
+    model = ClassificationTransformer(16, 16, 10, n_heads=4, n_layers=2, stiefel=True, add_connection=True)
+    loss = nn.ClassificationL2Loss()
+    runs = []
+    for _ in range(2):
+        params = model.init(0, xp=geoarray.as_namespace(torch), dtype=torch.float64, device=device)
+        m = gt.nn.Module(model, params=params, analytic=analytic)
+        runs.append((m, gt.PaperAdam(m.parameters(), lr=1e-2)))
+    (m, opt), (m_eager, opt_eager) = runs
+    torch._dynamo.reset()
+    forward = torch.compile(m, fullgraph=True, backend="aot_eager")
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+
+    def batch(t, size=8):
+        g = torch.Generator().manual_seed(200 + t)
+        x = torch.randn(size, 16, 16, generator=g, dtype=torch.float64).to(device)
+        y = torch.nn.functional.one_hot(torch.arange(size) % 10, 10).to(device=device, dtype=torch.float64)
+        return x, y
+
+    def train(t, size=8):
+        x, y = batch(t, size)
+        values = []
+        for f, o, run in ((forward, opt, step), (m_eager, opt_eager, opt_eager.step)):
+            o.zero_grad()
+            value = loss.value(f(x), y)
+            value.backward()
+            (o.step if t == 0 else run)()
+            values.append(value.detach())
+        assert_agree(values[0], values[1], what=f"loss, step {t}")
+        for (name, p), q in zip(m.named_parameters(), m_eager.parameters(), strict=True):
+            assert_agree(p.detach(), q.detach(), what=f"{name}, step {t}")
+
+    train(0)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for t in range(1, 4):
+            train(t)
+    train(4, size=5)
+    frames = [(n, p) for n, p in m.named_parameters() if isinstance(getattr(p, "manifold", None), geoarray.Stiefel)]
+    assert frames, "the model has Stiefel weights"
+    for name, p in frames:
+        assert p.manifold.is_point(p.detach(), atol=1e-12), name
