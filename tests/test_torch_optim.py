@@ -438,6 +438,34 @@ def test_half_precision_manifold_weights_step_in_float32(torch, gt, device, half
     assert err <= {"float16": 4e-3, "bfloat16": 3e-2}[half], err
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_precision_manifold_muon_steps_in_float32(torch, gt, device, half):
+    """``geoarray.torch.ManifoldMuon`` on a float16/bfloat16 Stiefel ManifoldParameter (its dual ascent's
+    ``eigh`` has no half-precision kernel: the step raised torch's NotImplementedError) steps in float32,
+    writes the weight back in its dtype, equals the core optimizer on the same tensors (AGREE_RTOL of the
+    dtype), moves it and keeps it orthonormal to its own rounding (4e-3 / 3e-2); ``opt.state`` holds the
+    momentum in float32."""
+    dtype = getattr(torch, half)
+    M = Stiefel(6, 2)
+    w = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device).to(dtype), M)
+    opt = gt.ManifoldMuon([w], lr=0.05)
+    core = optim.ManifoldMuon(lr=0.05)
+    ref = {"w": w.detach().clone()}
+    ref_state = core.init(ref, {"w": M})
+    before = w.detach().clone()
+    for k in range(5):
+        g = torch.Generator().manual_seed(k)
+        w.grad = torch.randn(6, 2, generator=g).to(device=device, dtype=dtype)
+        opt.step()
+        ref, ref_state = core.update(ref, {"w": w.grad}, ref_state)
+    assert w.dtype == dtype
+    assert_agree(w.detach(), ref["w"], what="w")
+    assert float((w.detach().float() - before.float()).abs().max()) > 1e-2
+    err = float((w.detach().float().mT @ w.detach().float() - torch.eye(2, device=device)).abs().max())
+    assert err <= {"float16": 4e-3, "bfloat16": 3e-2}[half], err
+    assert opt.state[w]["momentum_buffer"].dtype == torch.float32
+
+
 def test_resuming_a_drifted_float32_weight_is_not_refused(torch, gt, device):
     """A trained float32 weight drifts off St(6, 2) by rounding (|YᵀY − I| ~ 1e-4 after 10⁴ steps, is_point's float32
     tolerance); here it is pushed to 3e-4. A *new* optimizer refuses it (an initial weight must be a point), but

@@ -184,7 +184,8 @@ def make_layout(
 ) -> Layout:
     """Group the leaves (module docstring). ``strategies``: the section strategy per leaf (default
     Householder); leaves of different strategies never share a group. ``upcast_half=False`` packs
-    float16/bfloat16 leaves in their own dtype (Muon's Newton–Schulz chooses its own precision)."""
+    float16/bfloat16 Euclidean leaves in their own dtype (Muon's Newton–Schulz chooses its own precision);
+    manifold leaves are packed in float32 either way (their QR and ``eigh`` have no half-precision kernels)."""
     strategies = ["householder"] * len(leaves) if strategies is None else strategies
     buckets: dict[tuple, list[int]] = {}
     for i, (leaf, m, s) in enumerate(zip(leaves, mans, strategies, strict=True)):
@@ -202,7 +203,7 @@ def make_layout(
         first = idx[0]
         manifold = mans[first] if key[0] != RAVELED else Euclidean()
         packing = AS_IS if len(idx) == 1 else key[0]
-        dtype = half_dtype(leaves[first]) if upcast_half else None
+        dtype = half_dtype(leaves[first]) if upcast_half or not manifold.is_vector_space else None
         groups.append(Group(manifold, tuple(idx), packing, strategies[first], dtype))
     return Layout(treedef, tuple(paths), tuple(tuple(x.shape) for x in leaves), tuple(groups))
 

@@ -18,6 +18,11 @@ Leaves of one manifold (or Euclidean), shape, dtype and device are stacked and u
 call (:mod:`geoarray.optim.layout`, Euclidean matrices stacked by shape rather than raveled: Muon
 needs their matrix shape); each manifold group takes :func:`geoarray.optim.muon.manifold_muon_step`.
 The state is a NamedTuple of arrays and the static layout of the tree.
+
+**Precision.** float16/bfloat16 manifold leaves are stepped in float32 (momentum, dual, spectral direction
+and retraction; the ``eigh`` of the dual ascent has no half-precision kernel) and written back in their own
+dtype, as in :class:`geoarray.optim.RiemannianOptimizer`; Euclidean matrix leaves keep Muon's buffer in their
+own dtype, and ``ns_dtype`` chooses the precision of its Newton–Schulz iteration, as in ``torch.optim.Muon``.
 """
 
 from __future__ import annotations
