@@ -166,6 +166,40 @@ def test_module_deepcopy_pickle_and_to_keep_manifolds(torch, gt, device):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_under_autocast_a_layer_runs_in_its_parameters_dtype(torch, gt, device, name):
+    """Under ``torch.autocast`` (bfloat16) each layer runs in its parameters' dtype, as torch runs its linear
+    algebra and softmax in float32 there (a half-precision product would break the structure a layer
+    preserves at the 1e-2 level; the analytic pullbacks had met bfloat16 cotangents beside float32 weights,
+    and a chain had refused the bfloat16 output of its first layer): the output (float32) and the gradients of
+    input and parameters, with autograd and with the analytic pullback, equal those without autocast to
+    ``AGREE_RTOL``; a bfloat16 input (what a torch layer before it gives under autocast) is cast
+    differentiably, its gradient bfloat16."""
+    args, kwargs, shape = CASES[name]
+    x = _input(torch, shape, device).float()
+    for analytic in (False, True):
+        module = getattr(gt.nn, name)(*args, seed=3, device=device, dtype=torch.float32, analytic=analytic, **kwargs)
+        runs = []
+        for enabled in (False, True):
+            xi = x.clone().requires_grad_(True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
+                y = module(xi)
+            dy = _input(torch, tuple(y.shape), device, seed=2).float()
+            (y * dy).sum().backward()
+            runs.append([y.detach(), xi.grad] + [p.grad for p in module.parameters()])
+            module.zero_grad(set_to_none=True)
+        what = f"{name} (analytic={analytic})"
+        assert runs[1][0].dtype == torch.float32, what
+        for k, (a, b) in enumerate(zip(*runs, strict=True)):
+            assert_agree(a, b, what=f"{what}, output/gradient {k}")
+        xb = x.to(torch.bfloat16).requires_grad_(True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            y = module(xb)
+        assert y.dtype == torch.float32, what
+        y.sum().backward()
+        assert xb.grad is not None and xb.grad.dtype == torch.bfloat16, what
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_compiled_forward_is_one_graph(torch, gt, device, name):
     """``torch.compile(module, fullgraph=True)`` traces every wrapper's forward without a graph break (the
     parameter tree is rebuilt by ``optree.tree_map``; ``PyTreeSpec.unflatten`` of the treedef made eagerly,

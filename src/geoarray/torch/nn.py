@@ -18,6 +18,10 @@ so :mod:`geoarray.torch.optim` keeps it on the manifold.
 Gradients: by default torch's autograd differentiates ``layer.apply``; ``analytic=True`` uses the
 layer's hand-written pullback (``layer.vjp``) through a ``torch.autograd.Function`` instead (first
 order only). The two agree to rounding (tested to 1e-10 in float64 for every layer).
+
+Under ``torch.autocast`` a layer runs in its parameters' dtype with autocast switched off inside it (as
+torch runs its linear algebra and softmax in float32 there): a half-precision input is cast to that
+dtype, differentiably, and the output keeps it.
 """
 
 from __future__ import annotations
@@ -117,6 +121,18 @@ class Module(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = self.param_tree()
+        device_type = x.device.type if isinstance(x, torch.Tensor) else None
+        if device_type is not None and torch.is_autocast_enabled(device_type):
+            # under torch.autocast the layer runs in its parameters' dtype, as torch runs its linear algebra,
+            # softmax and norms in float32 there: a half-precision matrix product would break the structure
+            # the layer preserves (symplecticity, volume, orthonormality) at the 1e-2 level, its pullback
+            # would meet half-precision cotangents beside float32 weights, and the layer's linear algebra has
+            # no half-precision kernels. The input is cast (differentiably) to that dtype, the output keeps it.
+            with torch.autocast(device_type, enabled=False):
+                return self._apply_layer(params, _in_dtype_of(x, self.parameters()))
+        return self._apply_layer(params, x)
+
+    def _apply_layer(self, params: Any, x: Any) -> Any:
         if self.analytic:
             return analytic_apply(self.layer, params, x)
         return self.layer.apply(params, x)
@@ -131,6 +147,17 @@ class Module(torch.nn.Module):
             if m is not None and not isinstance(p, ManifoldParameter):
                 node._parameters[name] = ManifoldParameter(p.detach(), m, p.requires_grad, check=False)
         return out
+
+
+def _in_dtype_of(x: torch.Tensor, parameters: Any) -> torch.Tensor:
+    """``x`` cast to the dtype of the first floating parameter (``x`` itself for a layer without one, or
+    for an input that is not floating)."""
+    if not x.is_floating_point():
+        return x
+    for p in parameters:
+        if p.is_floating_point():
+            return x if x.dtype == p.dtype else x.to(p.dtype)
+    return x
 
 
 def wrapper(layer_cls: type) -> type:
