@@ -200,6 +200,24 @@ def test_under_autocast_a_layer_runs_in_its_parameters_dtype(torch, gt, device, 
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_a_layer_moved_to_bfloat16_runs_in_bfloat16(torch, gt, device, name):
+    """``module.to(torch.bfloat16)`` (the layers are built in float32 or float64): forward and backward run
+    in bfloat16, with autograd and with the analytic pullback; the output agrees with the float32 layer's on
+    the same input to ``AGREE_RTOL`` of bfloat16 (3e-2 of max(1, max|y|)), and every gradient is bfloat16.
+    VolumePreservingAttention's T×T inverse is taken in float32 (no backend has a half-precision inverse:
+    torch raised "Low precision dtypes not supported")."""
+    args, kwargs, shape = CASES[name]
+    x = _input(torch, shape, device).to(torch.bfloat16)
+    for analytic in (False, True):
+        ref = getattr(gt.nn, name)(*args, seed=3, device=device, dtype=torch.float32, analytic=analytic, **kwargs)
+        module = copy.deepcopy(ref).to(torch.bfloat16)
+        y = module(x)
+        assert_agree(y, ref(x.float()).to(torch.bfloat16), what=f"{name} (analytic={analytic})")
+        y.float().square().sum().backward()
+        assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in module.parameters()), name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_compiled_forward_is_one_graph(torch, gt, device, name):
     """``torch.compile(module, fullgraph=True)`` traces every wrapper's forward without a graph break (the
     parameter tree is rebuilt by ``optree.tree_map``; ``PyTreeSpec.unflatten`` of the treedef made eagerly,

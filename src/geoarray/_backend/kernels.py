@@ -13,7 +13,7 @@ import numpy as np
 
 from .._typing import Array
 from .control import is_compiling, is_traced
-from .namespace import array_namespace, backend_name, device, is_jax, is_torch
+from .namespace import array_namespace, backend_name, device, dtype_name, is_jax, is_torch
 
 Namespace = Any
 
@@ -185,9 +185,14 @@ def solve(A: Array, B: Array, xp: Namespace) -> Array:
 
 
 def inv(A: Array, xp: Namespace) -> Array:
-    """A⁻¹ (A (..., n, n)) without waiting for the device to check A."""
+    """A⁻¹ (A (..., n, n)) without waiting for the device to check A; a float16/bfloat16 A is inverted in
+    float32 and the inverse rounded back (no backend has a half-precision inverse)."""
+    half = A.dtype if dtype_name(A.dtype) in ("float16", "bfloat16") else None
+    if half is not None:
+        A = xp.astype(A, xp.float32)
     native = fast_path("inv", xp)
-    return xp.linalg.inv(A) if native is None else native(A)
+    out = xp.linalg.inv(A) if native is None else native(A)
+    return out if half is None else xp.astype(out, half)
 
 
 # C + α·A@B ---------------------------------------------------------------------------------------
