@@ -218,6 +218,47 @@ def test_a_layer_moved_to_bfloat16_runs_in_bfloat16(torch, gt, device, name):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_analytic_pullbacks_compose_with_torch_func(torch, gt, device, name, monkeypatch):
+    """``torch.func`` with ``analytic=True`` (torch had refused the pullback's Function: "it must override
+    the setup_context staticmethod"): an ensemble of 3 layers, stacked with ``stack_module_state`` and run by
+    ``vmap`` of ``functional_call``, equals the layers run one by one, and ``vmap(grad(·))`` their gradients,
+    through the analytic pullback (its backward runs); ``jacrev(jacrev(·))`` of x ↦ ‖layer(x)‖² (a second
+    derivative through the pullback's operations) equals that of the autograd layer. All to ``AGREE_RTOL``."""
+    from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+
+    from geoarray.torch import _autograd
+
+    backward = _autograd._AnalyticLayerFunctorch.backward
+    calls = []
+    monkeypatch.setattr(
+        _autograd._AnalyticLayerFunctorch,
+        "backward",
+        staticmethod(lambda ctx, dy: calls.append(1) or backward(ctx, dy)),
+    )
+    args, kwargs, shape = CASES[name]
+    x = _input(torch, shape, device)
+    layers = [getattr(gt.nn, name)(*args, seed=s, device=device, analytic=True, **kwargs) for s in range(3)]
+    params, buffers = stack_module_state(layers)
+    base = copy.deepcopy(layers[0]).to("meta")
+
+    def loss(p, b, x):
+        return functional_call(base, (p, b), (x,)).square().sum()
+
+    out = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+    grads = vmap(grad(loss), in_dims=(0, 0, None))(params, buffers, x)
+    assert calls, "the analytic pullback ran"
+    for i, layer in enumerate(layers):
+        y = layer(x)
+        assert_agree(out[i], y.detach(), what=f"{name}, layer {i}")
+        y.square().sum().backward()
+        for key, p in layer.named_parameters():
+            assert_agree(grads[key][i], p.grad, what=f"{name}, layer {i}, {key}")
+    autograd = getattr(gt.nn, name)(*args, seed=0, device=device, **kwargs)
+    second = [jacrev(jacrev(lambda x, m=m: m(x).square().sum()))(x) for m in (layers[0], autograd)]
+    assert_agree(second[0], second[1], what=f"{name}, second derivative")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_compiled_forward_is_one_graph(torch, gt, device, name):
     """``torch.compile(module, fullgraph=True)`` traces every wrapper's forward without a graph break (the
     parameter tree is rebuilt by ``optree.tree_map``; ``PyTreeSpec.unflatten`` of the treedef made eagerly,

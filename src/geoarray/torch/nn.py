@@ -17,7 +17,10 @@ so :mod:`geoarray.torch.optim` keeps it on the manifold.
 
 Gradients: by default torch's autograd differentiates ``layer.apply``; ``analytic=True`` uses the
 layer's hand-written pullback (``layer.vjp``) through a ``torch.autograd.Function`` instead (first
-order only). The two agree to rounding (tested to 1e-10 in float64 for every layer).
+order only). The two agree to rounding (tested to 1e-10 in float64 for every layer). Inside a
+``torch.func`` transform (``vmap`` of ``functional_call`` over an ensemble, ``grad``, ``jacrev``) the
+pullback runs from the saved inputs, recomputing the forward once per backward; reverse-over-reverse
+derivatives work there, forward mode (``jvp``, ``jacfwd``, ``hessian``) needs ``analytic=False``.
 
 Under ``torch.autocast`` a layer runs in its parameters' dtype with autocast switched off inside it (as
 torch runs its linear algebra and softmax in float32 there): a half-precision input is cast to that
