@@ -1,6 +1,6 @@
 """A full training step (forward, backward, update) of the ViT with Stiefel-Adam against Euclidean Adam.
 
-    PYTHONPATH=src python benchmarks/training_step.py [--backends torch numpy jax] [--model digits|paper]
+    PYTHONPATH=src python benchmarks/training_step.py [--backends torch numpy jax cupy] [--model digits|paper]
         [--steps 30] [--batch-size 64] [--n-layers L] [--dtype float32] [--threads 2]
         [--torch-grad autograd|analytic] [--profile K] [--no-peers] [--device cpu|cuda] [--capture] [--tf32]
         [--json out.json]
@@ -37,6 +37,8 @@ the Stiefel manifold and geoarray's manifold Adam, once unconstrained with the b
   i.e. ``model.vjp`` + ``loss.vjp``) and ``geoarray.optim.Adam(group_same_shape=True)`` as
   ``geoarray train vit`` uses it, with ``model.manifolds()`` (Stiefel) or no manifolds (Euclidean: the
   same code minus the manifold).
+* **cupy** (on request, always on the GPU) — the numpy step above on CuPy arrays, the same code, with the
+  device synchronised at the end of each step. Not yet run on a GPU.
 * **jax** — ``geoarray.jax.make_train_step`` (``jax.value_and_grad`` + update under one ``jax.jit``)
   with ``geoarray.optim.Adam`` and the manifolds, against the same with ``optax.adam``; the first call
   (tracing and XLA compilation) is reported separately.
@@ -84,7 +86,7 @@ import geoarray
 from geoarray import nn, optim
 from geoarray.models import ClassificationTransformer
 
-BACKENDS = ("torch", "numpy", "jax")
+BACKENDS = ("torch", "numpy", "jax")  # the default; cupy (a GPU) on request
 CONFIGS = {
     # the demo's: digits 8×8 in 4×4 patches, patch size heads, 8 blocks (geoarray/commands/vit.py)
     "digits": {"patch_dim": 16, "n_patches": 4, "n_heads": 4, "n_layers": 8},
@@ -357,9 +359,32 @@ def _orthonormality(model, params) -> float:
 def bench_numpy(config: dict, batches_np, args) -> dict[str, Any]:
     import array_api_compat.numpy as xp
 
+    return _bench_array_api(config, batches_np, args, xp, sync=None)
+
+
+def bench_cupy(config: dict, batches_np, args) -> dict[str, Any]:
+    """The NumPy backend's step on CuPy arrays (the same code on the GPU), each step synchronised."""
+    try:
+        import cupy
+    except ImportError:
+        raise SystemExit("training_step.py: --backends cupy needs CuPy (a CUDA machine with cupy installed)") from None
+    try:
+        n_devices = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise SystemExit(f"training_step.py: --backends cupy found no CUDA device ({exc})") from None
+    if n_devices == 0:
+        raise SystemExit("training_step.py: --backends cupy found no CUDA device")
+    import array_api_compat.cupy as xp
+
+    return _bench_array_api(config, batches_np, args, xp, sync=lambda: cupy.cuda.get_current_stream().synchronize())
+
+
+def _bench_array_api(config: dict, batches_np, args, xp, sync) -> dict[str, Any]:
+    """The analytic-pullback step of ``geoarray train vit`` on the namespace ``xp`` (NumPy, CuPy); ``sync``
+    waits for the device at the end of each step (None on the host)."""
     from geoarray.train import value_and_grad
 
-    dtype = getattr(np, args.dtype)
+    dtype = getattr(xp, args.dtype)
     batches = [(xp.asarray(x, dtype=dtype), xp.asarray(y, dtype=dtype)) for x, y in batches_np]
     model_s, model_e = transformer(config, stiefel=True), transformer(config, stiefel=False)
     params = model_s.init(0, xp=xp, dtype=dtype)
@@ -376,6 +401,8 @@ def bench_numpy(config: dict, batches_np, args) -> dict[str, Any]:
             value, grads = value_and_grad(model, loss, box[0], x, y, grad="analytic")
             if with_update:
                 box[0], box[1] = opt.update(box[0], grads, box[1])
+            if sync is not None:
+                sync()
             return value
 
         return step, box
@@ -541,7 +568,7 @@ def print_table(backend: str, row: dict[str, Any], steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=(*BACKENDS, "cupy"))
     parser.add_argument("--model", default="digits", choices=sorted(CONFIGS), help="ViT configuration (default digits)")
     parser.add_argument("--n-layers", type=int, default=None, help="transformer blocks (default: the model's)")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -593,7 +620,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"{args.batch_size}, {args.dtype}, lr {LR:g}"
     )
     rows = []
-    bench = {"torch": bench_torch, "numpy": bench_numpy, "jax": bench_jax}
+    bench = {"torch": bench_torch, "numpy": bench_numpy, "jax": bench_jax, "cupy": bench_cupy}
     for backend in args.backends:
         row = bench[backend](config, batches, args)
         row["ratios"] = ratios(row["medians"])

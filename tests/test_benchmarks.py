@@ -73,6 +73,23 @@ def test_training_step_capture_needs_a_cuda_device(backend):
         load_benchmark("training_step").main(["--backends", "torch", "--n-layers", "1", "--capture"])
 
 
+def test_training_step_on_cupy_without_a_gpu_is_a_one_line_exit(backend):
+    """``--backends cupy`` (the NumPy step on the GPU) on a machine without CuPy or without a CUDA device exits
+    with one line saying which, before any timing."""
+    if backend.name != "numpy":
+        pytest.skip(f"one session checks this (numpy); this is {backend.name}")
+    pytest.importorskip("sklearn", reason="training_step.py's default ViT trains on scikit-learn's digits (demo extra)")
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("this machine has a CUDA device for CuPy: the cupy row runs there")
+    except Exception:  # no CuPy, or CuPy without a driver: the script says which
+        pass
+    with pytest.raises(SystemExit, match=r"^training_step.py: --backends cupy (needs CuPy|found no CUDA device)"):
+        load_benchmark("training_step").main(["--backends", "cupy", "--n-layers", "1", "--steps", "2"])
+
+
 def test_optimizer_step_json(bench_backend, tmp_path, capsys):
     path = tmp_path / "optimizer_step.json"
     argv = ["--backends", bench_backend, "--sets", "tiny", "--steps", "2", "--drift-steps", "5", "--threads", "1"]
