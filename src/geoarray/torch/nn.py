@@ -128,9 +128,9 @@ class Module(torch.nn.Module):
         if device_type is not None and torch.is_autocast_enabled(device_type):
             # under torch.autocast the layer runs in its parameters' dtype, as torch runs its linear algebra,
             # softmax and norms in float32 there: a half-precision matrix product would break the structure
-            # the layer preserves (symplecticity, volume, orthonormality) at the 1e-2 level, its pullback
-            # would meet half-precision cotangents beside float32 weights, and the layer's linear algebra has
-            # no half-precision kernels. The input is cast (differentiably) to that dtype, the output keeps it.
+            # the layer preserves (symplecticity, volume, orthonormality) at the 1e-2 level, and its pullback
+            # would meet half-precision cotangents beside float32 weights. The input is cast (differentiably)
+            # to that dtype, the output keeps it.
             with torch.autocast(device_type, enabled=False):
                 return self._apply_layer(params, _in_dtype_of(x, self.parameters()))
         return self._apply_layer(params, x)
