@@ -25,7 +25,11 @@ for Adam, PaperAdam, SGD (momentum), ManifoldMuon and a ``geoarray.torch.Optimiz
   (parameters unchanged, the step and skip counters equal on both ranks);
 * under ``torch.amp.GradScaler`` without host reads, an inf in one rank's shard skips that step on every
   rank, and the scaled steps equal the unscaled ones to 1e-12;
-* FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds;
+* FSDP2's meta-device initialisation (``to_empty``) keeps the manifolds, and ``geoarray.torch.fully_shard``
+  shards a column-major frame (QR's), which torch's refuses;
+* torch's own ``fully_shard`` on a ``geoarray.torch.nn`` module keeps its manifolds too (the module's
+  parameter containers put them back), with or without a ``MixedPrecisionPolicy``: 3 ``PaperAdam`` steps
+  equal one process's to 1e-12, and under a float32 policy the float64 weights stay on Stiefel to 1e-12;
 * the FSDP2 example of docs/frameworks.md (moved from the README) runs on 2 ranks and prints what it claims.
 """
 
@@ -233,7 +237,45 @@ def _fsdp_worker(rank: int, port: int, out_dir: str) -> None:
             ga.set_host_reads(previous)
         out["scaled"] = {k: v.full_tensor() for k, v in model.state_dict().items()}
         out["scaled_scale"] = scaler.get_scale()
+        # torch's own fully_shard on a geoarray.torch.nn module (its manifolds had been dropped: Euclidean steps
+        # took the weights 0.16 off Stiefel in 5 steps), plain and with a float32 MixedPrecisionPolicy
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+        xa, ya = _attention_batch()
+        xa, ya = xa[rank * 4 : (rank + 1) * 4], ya[rank * 4 : (rank + 1) * 4]
+        for key, policy in (("torch_fully_shard", None), ("torch_fully_shard_mp", torch.float32)):
+            attn = gt.nn.MultiHeadAttention(16, 4, seed=3, dtype=torch.float64)
+            kwargs = {} if policy is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=policy)}
+            torch_fully_shard(attn, mesh=mesh, **kwargs)
+            out[key + "_manifolds"] = [repr(getattr(p, "manifold", None)) for p in attn.parameters()]
+            _train_attention(gt.PaperAdam(attn.parameters(), lr=0.02), attn, xa, ya)
+            out[key] = {k: v.full_tensor() for k, v in attn.state_dict().items()}
+        # geoarray.torch.fully_shard takes a column-major frame (QR's), which torch's refuses
+        net = torch.nn.Module()
+        net.F = gt.ManifoldParameter(
+            ga.Stiefel(16, 4).random(1, xp=torch, batch_shape=(B,), dtype=torch.float64), ga.Stiefel(16, 4)
+        )
+        assert not net.F.is_contiguous()
+        gt.fully_shard(net, mesh=mesh)
+        out["column_major"] = (tuple(net.F.to_local().shape), repr(net.F.manifold))
         torch.save(out, f"{out_dir}/rank{rank}.pt")
+
+
+def _attention_batch():
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(8, 3, 16, generator=g, dtype=torch.float64), torch.randn(
+        8, 3, 16, generator=g, dtype=torch.float64
+    )
+
+
+def _train_attention(opt, attn, x, y) -> None:
+    for _ in range(3):
+        (attn(x).double() - y).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_path):
@@ -308,6 +350,12 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             expected += 2 * (w - 1) / w * 4 if name != "Optimizer" else 0
             got = out[name]["step_bytes"]
             assert got == expected, f"{name}: a step moved {got} bytes to rank {rank}, expected {expected}"
+    import geoarray.torch as gt
+
+    attn = gt.nn.MultiHeadAttention(16, 4, seed=3, dtype=torch.float64)
+    attention_start = {k: v.detach().clone() for k, v in attn.state_dict().items()}
+    _train_attention(gt.PaperAdam(attn.parameters(), lr=0.02), attn, *_attention_batch())
+    attention_single = {k: v.detach() for k, v in attn.state_dict().items()}
     # resume from a per-rank state_dict: the same computation, bit for bit
     for out in ranks:
         for k, v in out["resumed"].items():
@@ -324,6 +372,16 @@ def test_fsdp2_manifold_parameters_step_like_one_process_with_sharded_state(tmp_
             torch.testing.assert_close(v, out["two_steps"][k], rtol=0, atol=1e-12, msg=f"GradScaler: {k}")
         assert out["meta_manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
         assert out["manifolds"] == [repr(geoarray.Stiefel(16, 4)), repr(geoarray.Stiefel(64, 8))]
+        # torch's fully_shard on a geoarray.torch.nn module: manifolds kept; the steps equal one process's
+        # (1e-12), and under a float32 MixedPrecisionPolicy the float64 weights stay on Stiefel to 1e-12
+        assert out["column_major"] == ((PER_RANK, 16, 4), repr(geoarray.Stiefel(16, 4)))
+        for key in ("torch_fully_shard", "torch_fully_shard_mp"):
+            assert out[key + "_manifolds"] == [repr(geoarray.Stiefel(16, 4))] * 3, key
+        for k, v in out["torch_fully_shard_mp"].items():
+            assert geoarray.Stiefel(16, 4).is_point(v, atol=1e-12), f"mixed precision: {k}"
+            assert not torch.equal(v, attention_start[k]), f"mixed precision: {k} did not train"
+        for k, v in out["torch_fully_shard"].items():
+            torch.testing.assert_close(v, attention_single[k], rtol=0, atol=1e-12, msg=f"torch's fully_shard: {k}")
 
 
 def _readme_block() -> str:

@@ -71,6 +71,7 @@ def test_wrapper_registers_manifold_parameters_and_matches_apply(torch, gt, devi
     registered = dict(module.named_parameters())
     paths, leaves, _ = optree.tree_flatten_with_path(params)
     assert len(registered) == len(leaves)
+    assert all(p.is_contiguous() for p in registered.values()), "FSDP2 shards contiguous parameters only"
     for path, leaf, m in zip(paths, leaves, manifolds, strict=True):
         p = registered["params." + ".".join(map(str, path))]
         assert torch.equal(p.detach(), leaf)

@@ -66,11 +66,16 @@ _MATRIXWISE = frozenset({"ManifoldMuon", "Muon"})  # Euclidean matrices whole (N
 
 def fully_shard(module: Any, **kwargs: Any) -> Any:
     """``torch.distributed.fsdp.fully_shard(module, **kwargs)`` keeping the manifolds of the
-    :class:`~geoarray.torch.ManifoldParameter` s it shards (module docstring). Call it wherever you
-    would call torch's (per block, then on the root); ``module`` may be a list of modules, as there."""
+    :class:`~geoarray.torch.ManifoldParameter` s it shards (module docstring), with non-contiguous
+    parameters (QR's column-major frames), which FSDP2 refuses, made contiguous first. Call it wherever
+    you would call torch's (per block, then on the root); ``module`` may be a list of modules, as there."""
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     modules = list(module) if isinstance(module, (list, tuple)) else [module]
+    for m in modules:
+        for p in m.parameters():
+            if not p.is_contiguous():  # FSDP2 shards contiguous parameters only; QR gives column-major frames
+                p.data = p.data.contiguous()
     found = [
         (owner, name, p.manifold)
         for m in modules
