@@ -266,9 +266,8 @@ def _attention_batch():
     import torch
 
     g = torch.Generator().manual_seed(5)
-    return torch.randn(8, 3, 16, generator=g, dtype=torch.float64), torch.randn(
-        8, 3, 16, generator=g, dtype=torch.float64
-    )
+    x = torch.randn(8, 3, 16, generator=g, dtype=torch.float64)
+    return x, torch.randn(8, 3, 16, generator=g, dtype=torch.float64)
 
 
 def _train_attention(opt, attn, x, y) -> None:
