@@ -133,6 +133,21 @@ def test_solve_inv_and_clip_equal_the_namespaces_own(xp, device):
         assert not np.all(np.isfinite(to_numpy(_backend.inv(singular, xp))))
 
 
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_inv_of_a_half_precision_matrix_is_taken_in_float32(xp, device, name):
+    """No backend inverts float16/bfloat16 matrices (torch: "Low precision dtypes not supported", NumPy:
+    "array type float16 is unsupported in linalg"): _backend.inv takes the inverse in float32 and rounds it
+    back, so it keeps the input's dtype and equals the float32 inverse of the rounded matrix rounded to that
+    dtype, to AGREE_RTOL of the dtype (4e-3 float16, 3e-2 bfloat16)."""
+    half = getattr(xp, name, None)
+    if half is None:  # NumPy and CuPy have no bfloat16, array-api-strict neither half type
+        pytest.skip(f"{xp.__name__} has no {name}")
+    A = xp.astype(asarray([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]], xp, device), half)
+    out = _backend.inv(A, xp)
+    assert out.dtype == half
+    assert_agree(out, xp.astype(xp.linalg.inv(xp.astype(A, xp.float32)), half))
+
+
 def test_the_cupy_sign_and_clip_keep_the_array_apis_meaning(monkeypatch):
     """CuPy's own sign maps NaN to 0 and array-api-compat repairs it through a boolean mask (a host wait
     on the GPU); the CuPy paths use where/maximum/minimum instead. Checked with NumPy standing in for
