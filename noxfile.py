@@ -11,6 +11,10 @@
 
 CUDA sessions detect a missing GPU when this file loads and skip without building a venv.
 
+Environments are built by uv when it is installed (``pip install 'nox[uv]'``, what .ci/run does), by
+virtualenv and pip otherwise; each session logs its setup time (venv and installs) and pytest's 25
+slowest tests.
+
 ``nox -t cpu`` (what .ci/run runs) holds the four backends and ``docs-fast``, so a broken docstring, an
 unresolved cross-reference or an undocumented public name fails CI (about 2 minutes: installing torch,
 JAX and the Sphinx stack, and a build of about 45 s). ``docs`` (the gallery's scripts, minutes) and
@@ -24,12 +28,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests"]
+# uv builds a session's venv in seconds where pip takes minutes (measured on the 2-core CI machine: the torch
+# session's installs 33 s against 140 s, the five sessions' 1.5 min against 7); without uv, virtualenv and pip
+nox.options.default_venv_backend = "uv|virtualenv"
 
 ROOT = Path(__file__).parent
 # requirements file → (GEOARRAY_BACKEND value, device tag)
@@ -81,16 +91,33 @@ def _gpu_env(tag: str) -> dict[str, str]:
     return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
-def _compiler_env(backend: str, tag: str) -> dict[str, str]:
-    """XLA's CPU backend at optimisation level 0 for the JAX CPU session: its time is mostly compiling
-    the tests' many small programs once each (every eager operation of a new shape is one), which
-    level 0 does faster than it loses running them — test_jax_train.py and test_manifolds.py took
-    132 s against 169–175 s in one process. Only the tests' compiler: users' programs are unaffected,
-    and the results agree to the tests' tolerances (bit-equality is only asked of a computation
-    repeated, which level 0 repeats as well). A caller's XLA_FLAGS wins."""
-    if backend != "jax" or tag != "cpu" or "XLA_FLAGS" in os.environ:
+def _compiler_env(backend: str, tag: str, cache_dir: str) -> dict[str, str]:
+    """How the JAX sessions compile. Their time is mostly XLA compiling the tests' many small programs once
+    each (every eager operation of a new shape is one: ~10,000 in the CPU session), so:
+
+    * on the CPU, XLA at optimisation level 0 and without its fusion emitters, which compile faster than
+      they lose running the tests: one eager operation 21 ms to compile against 40 ms at level 0 alone and
+      46 ms by default; the session 740 s against 1,051 s at level 0 alone (2-core AMD EPYC, 2 workers). Only
+      the tests' compiler: users' programs are unaffected, and the results agree to the tests' tolerances
+      (bit-equality is only asked of a computation repeated, which these settings repeat as well);
+    * JAX's persistent compilation cache, in a directory of this session's own (made empty, removed at its
+      end): a program that one pytest worker, or a subprocess of the tests, compiled is loaded by the
+      other instead of compiled again (the CPU session 635 s against 740 s).
+
+    A caller's XLA_FLAGS and JAX_COMPILATION_CACHE_DIR win."""
+    if backend not in ("jax", "jax-cuda"):
         return {}
-    return {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    env = {}
+    if tag == "cpu" and "XLA_FLAGS" not in os.environ:
+        env["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=cache_dir,
+            # every program, however small or quick to compile: the eager operations are the bulk
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
+    return env
 
 
 def _host_reads_env(backend: str) -> dict[str, str]:
@@ -118,6 +145,62 @@ def _discard_venv(session: nox.Session) -> None:
         shutil.rmtree(location, ignore_errors=True)
 
 
+def _pip_find_links() -> str | None:
+    """The folders or pages in which pip's configuration finds wheels (``find-links``), or None."""
+    if os.environ.get("PIP_FIND_LINKS"):
+        return os.environ["PIP_FIND_LINKS"]
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _uv_env() -> dict[str, str]:
+    """What uv needs to install what pip installs here. uv reads none of pip's configuration: on the CI
+    machines the pinned CPU build of torch (backends/torch-cpu.txt) is found through pip's ``find-links``,
+    without which uv would take PyPI's CUDA build of the same version (several GB). And pip compiles what it
+    installs to bytecode, uv only with UV_COMPILE_BYTECODE: where PYTHONDONTWRITEBYTECODE is set (CI), every
+    process of the tests (pytest's workers, the CLI's and the examples' subprocesses) would otherwise compile
+    torch's and JAX's modules again when it imports them. A caller's UV_* settings win."""
+    env = {"UV_COMPILE_BYTECODE": os.environ.get("UV_COMPILE_BYTECODE", "1")}
+    links = os.environ.get("UV_FIND_LINKS") or _pip_find_links()
+    if links:
+        env["UV_FIND_LINKS"] = links
+    return env
+
+
+_LOADED = time.time()
+
+
+class _Setup:
+    """The time a session spends on its environment, logged before its tests: the venv's creation (from
+    the moment its ``pyvenv.cfg`` was written; 0 for a venv reused from an earlier run) and the installs."""
+
+    def __init__(self, session: nox.Session) -> None:
+        self.session = session
+        self.start = time.time()
+        cfg = Path(getattr(session.virtualenv, "location", "") or ".") / "pyvenv.cfg"
+        made = cfg.stat().st_mtime if cfg.is_file() else self.start
+        self.venv_s = self.start - made if made >= _LOADED else 0.0
+        session.env.update(_uv_env())
+
+    def install(self, *args: str) -> None:
+        self.session.install(*args)
+
+    def log(self) -> None:
+        backend = getattr(self.session.virtualenv, "venv_backend", "none")
+        installs = time.time() - self.start
+        self.session.log(
+            f"setup: {self.venv_s + installs:.1f} s (venv {self.venv_s:.1f} s, installs {installs:.1f} s; {backend})"
+        )
+
+
 def _make_session(name: str, backend: str, tag: str):
     requirements = ROOT / "backends" / f"{name}.txt"
 
@@ -131,24 +214,28 @@ def _make_session(name: str, backend: str, tag: str):
 
     @nox.session(name=f"tests-{name}", tags=[tag])
     def run(session: nox.Session) -> None:
+        cache = tempfile.mkdtemp(prefix=f"geoarray-{name}-compilation-cache-")
         try:
-            session.install("-r", str(requirements))
-            session.install(".[test,demo]")  # demo: scikit-learn digits, matplotlib, tqdm (CLI and training tests)
+            setup = _Setup(session)
+            setup.install("-r", str(requirements))
+            setup.install(".[test,demo]")  # demo: scikit-learn digits, matplotlib, tqdm (CLI and training tests)
+            setup.log()
             session.run(
                 "pytest",
                 "-p",
                 "no:cacheprovider",
-                "--durations=15",  # the slowest tests in CI's log: where the session's time goes
+                "--durations=25",  # the slowest tests in CI's log: where the session's time goes
                 *_workers(tag),
                 *session.posargs,  # after: `-- -n 0` runs in one process
                 env={
                     "GEOARRAY_BACKEND": backend,
-                    **_compiler_env(backend, tag),
+                    **_compiler_env(backend, tag, cache),
                     **_gpu_env(tag),
                     **_host_reads_env(backend),
                 },
             )
         finally:
+            shutil.rmtree(cache, ignore_errors=True)
             _discard_venv(session)
 
     return run
@@ -178,9 +265,11 @@ def lint(session: nox.Session) -> None:
 
 def _install_docs(session: nox.Session) -> None:
     # the API pages import geoarray.torch and geoarray.jax
-    session.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
-    session.install("jax[cpu]>=0.4.30", "optax>=0.2")
-    session.install(".[docs]")
+    setup = _Setup(session)
+    setup.install("-r", str(ROOT / "backends" / "torch-cpu.txt"))
+    setup.install("jax[cpu]>=0.4.30", "optax>=0.2")
+    setup.install(".[docs]")
+    setup.log()
     session.env.setdefault("MPLBACKEND", "agg")
 
 

@@ -37,6 +37,8 @@ import os
 import re
 import sys
 
+_DEVICE_COUNT = "--xla_force_host_platform_device_count"
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,7 +56,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if "jax" not in sys.modules:  # the device count is read once, when JAX initialises
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+        # the caller's other XLA flags kept (the test sessions' compiler settings, say)
+        kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_COUNT)]
+        os.environ["XLA_FLAGS"] = " ".join([*kept, f"{_DEVICE_COUNT}={args.devices}"])
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.numpy as jnp

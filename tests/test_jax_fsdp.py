@@ -42,7 +42,6 @@ def printed(backend):
     """What ``examples/jax_sharded.py --devices 4 --steps 5 --check`` prints, run once in a fresh interpreter."""
     require_jax(backend)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)
     cmd = [sys.executable, str(ROOT / "examples" / "jax_sharded.py"), "--devices", "4", "--steps", str(STEPS)]
     try:
         proc = subprocess.run([*cmd, "--check"], env=env, capture_output=True, text=True, timeout=240, check=False)

@@ -26,7 +26,8 @@ def _jax_only(backend):
 
 SCRIPT = r"""
 import json, os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# the session's other XLA flags kept (its compiler settings: noxfile.py)
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
@@ -104,7 +105,6 @@ def four_devices(backend):
     require_jax(backend)  # a module fixture is set up before the function-scoped skip
     src = str(Path(ga.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)
     try:
         proc = subprocess.run(
             [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=180, check=False
