@@ -107,8 +107,7 @@ def to_numpy(x: Any) -> np.ndarray:
 
 def asarray(x: Any, xp: Any, device: Any, dtype: Any = None) -> Any:
     """A NumPy (or nested list) value as an array of the backend under test (float64 by default)."""
-    dt = geoarray.resolve_dtype(xp, dtype, device)
-    return xp.asarray(np.asarray(x), dtype=dt, device=device)
+    return _backend.from_host(np.asarray(x), xp, geoarray.resolve_dtype(xp, dtype, device), device)
 
 
 def assert_close(
@@ -138,7 +137,7 @@ def assert_close(
         # on the expected device, or on actual's: a reference computed on the host is compared where the
         # result lives (a GPU result against a CPU array would fail on the device check alone)
         where = _backend.device(actual) if device is None else device
-        desired = xp.asarray(desired, dtype=geoarray.resolve_dtype(xp, dtype, where), device=where)
+        desired = _backend.from_host(desired, xp, geoarray.resolve_dtype(xp, dtype, where), where)
     elif dtype is not None:
         assert actual.dtype == dtype, f"result has dtype {actual.dtype}, expected {dtype}"
     if device is not None:

@@ -249,6 +249,43 @@ def test_sign_and_host_constants_need_no_copy_from_the_host(xp, device, backend)
         assert not {"lift_fresh", "lift_fresh_copy", "index_put_", "nonzero"} & set(seen), seen
 
 
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+def test_from_host_is_asarray_and_compiles_nothing_on_jax(xp, device, backend, caplog, dtype_name):
+    """``_backend.from_host(host, xp, dtype, device)`` equals ``xp.asarray(host, dtype=dtype, device=device)``
+    bit for bit (the same conversion) in values, shape, dtype and device, for a NumPy array, a Python scalar
+    and nested tuples. On JAX the array is committed to the device as ``asarray``'s is, does not share the
+    NumPy input's memory, and making arrays of three new shapes compiles no XLA program (eager
+    ``jnp.asarray`` with a device compiled two per shape)."""
+    dtype = getattr(xp, dtype_name)
+    rng = np.random.default_rng(0)
+    hosts = [rng.standard_normal((5, 3)), 0.25, ((1.0, 2.0), (3.0, 4.0))]
+    for host in hosts:
+        got = _backend.from_host(host, xp, dtype, device)
+        want = xp.asarray(host, dtype=dtype, device=device)
+        assert got.dtype == dtype and got.shape == want.shape and _backend.device(got) == device
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+    if backend.kind != "jax":
+        return
+    import logging
+
+    import jax
+
+    assert _backend.from_host(hosts[0], xp, dtype, device).committed
+    # device_put shares a 64-byte aligned NumPy buffer on the CPU; jnp.asarray copies, and so must from_host
+    buf = np.zeros(16)
+    start = (-buf.ctypes.data % 64) // buf.itemsize
+    source = buf[start : start + 8].reshape(4, 2)
+    assert source.ctypes.data % 64 == 0
+    kept = _backend.from_host(source, xp, dtype, device)
+    source[...] = 7.0
+    assert not np.any(to_numpy(kept) == 7.0), "from_host shares its NumPy input's memory"
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        for k in (11, 12, 13):
+            _backend.from_host(rng.standard_normal((k, 3)), xp, dtype, device)
+    compiled = [r.getMessage()[:90] for r in caplog.records if "XLA compilation" in r.getMessage()]
+    assert not compiled, compiled
+
+
 def test_split_gives_the_consecutive_slices(xp, device, backend):
     """``_backend.split`` (torch: one ``torch.split``) returns the same pieces as slicing, empty ones included."""
     x = asarray(np.arange(12.0), xp, device)

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from . import _backend
 from ._backend import as_namespace, resolve_dtype
 
 __all__ = ["generator", "normal", "spawn", "uniform"]
@@ -101,10 +102,7 @@ def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
 
 def _to_backend(host: np.ndarray, xp: Any, dtype: Any, device: Any) -> Any:
     xp = as_namespace(xp)
-    dt = resolve_dtype(xp, dtype, device)
-    if device is None:
-        return xp.asarray(host, dtype=dt)
-    return xp.asarray(host, dtype=dt, device=device)
+    return _backend.from_host(host, xp, resolve_dtype(xp, dtype, device), device)
 
 
 def normal(

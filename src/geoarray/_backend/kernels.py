@@ -13,7 +13,7 @@ import numpy as np
 
 from .._typing import Array
 from .control import is_compiling, is_traced
-from .namespace import array_namespace, backend_name, device, dtype_name, is_jax, is_torch
+from .namespace import array_namespace, backend_name, device, dtype_name, from_host, is_jax, is_torch
 
 Namespace = Any
 
@@ -451,8 +451,10 @@ def host_constant(values: Any, like: Array, xp: Namespace) -> Array:
     floats), filled on the device without a copy from the host, once per (values, dtype, device), and
     kept. Under a trace (``jax.jit``, ``torch.compile``) it is the trace's constant, made in the trace and
     never kept (a traced array must not outlive its trace); JAX embeds it in the compiled program."""
-    if is_jax(xp) or is_traced(like):
+    if is_traced(like):
         return xp.asarray(values, dtype=like.dtype, device=device(like))
+    if is_jax(xp):
+        return from_host(values, xp, like.dtype, device(like))
     key = (backend_name(xp), values, str(like.dtype), str(device(like)))
     out = _CONSTANTS.get(key)
     if out is None:
