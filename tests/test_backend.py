@@ -346,20 +346,22 @@ def test_select_runs_the_first_branch_whose_threshold_covers_the_value(xp, devic
     """``_backend.select``: the first branch i with value ≤ thresholds[i], else (and for NaN) the last;
     eager by a host read, under jax.jit by ``lax.switch`` with the same choices. Without host reads
     (a GPU's default) eager JAX still switches on the device, other backends take the last (general)
-    branch."""
+    branch: what ``_backend.selects_on_device`` says of the namespace (the retraction reads it to choose
+    a fixed route itself)."""
     branches = [lambda x, k=k: x + k for k in range(4)]  # branch k adds k
     thresholds = (0.1, 0.5, 2.0)
     x = xp.zeros((), dtype=xp.float64, device=device)
     cases = [(0.05, 0), (0.1, 0), (0.3, 1), (2.0, 2), (7.0, 3), (float("inf"), 3), (float("nan"), 3)]
     run = lambda v: _backend.select(v, thresholds, branches, x, xp)  # noqa: E731
     host_reads_policy(policy)
+    assert _backend.selects_on_device(xp) == (backend.kind == "jax")
     if backend.kind == "jax":
         import jax
 
         jitted = jax.jit(run)
     for value, expected in cases:
         v = xp.asarray(value, dtype=xp.float64, device=device)
-        eager = expected if policy == "always" or backend.kind == "jax" else len(branches) - 1
+        eager = expected if policy == "always" or _backend.selects_on_device(xp) else len(branches) - 1
         assert float(run(v)) == eager, value
         if backend.kind == "jax":
             assert float(jitted(v)) == expected, value

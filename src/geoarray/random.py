@@ -33,30 +33,10 @@ from ._backend import as_namespace, resolve_dtype
 __all__ = ["generator", "normal", "spawn", "uniform"]
 
 
-def _is_torch_generator(seed: Any) -> bool:
-    return type(seed).__module__.split(".")[0] == "torch" and type(seed).__name__ == "Generator"
-
-
-def _from_torch_generator(seed: Any) -> int:
-    import torch
-
-    return int(torch.randint(0, 2**63 - 1, (), generator=seed, device=seed.device).item())
-
-
-def _seed_for(seed: Any, xp: Any) -> Any:
-    """``seed``, with None meaning torch's default generator when ``xp`` is torch."""
-    if seed is None and "torch" in getattr(as_namespace(xp), "__name__", ""):
-        import torch
-
-        return torch.default_generator
-    return seed
-
-
 def generator(seed: Any) -> np.random.Generator:
     """A :class:`numpy.random.Generator` for ``seed`` (an existing Generator is returned as is; a
     ``torch.Generator`` seeds a new one with an integer drawn from it)."""
-    if _is_torch_generator(seed):
-        return np.random.default_rng(_from_torch_generator(seed))
+    seed = _backend.host_seed(seed)
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, np.random.SeedSequence):
@@ -73,8 +53,7 @@ def generator(seed: Any) -> np.random.Generator:
 
 def spawn(seed: Any, n: int) -> list[np.random.SeedSequence]:
     """``n`` statistically independent child seeds derived from ``seed``."""
-    if _is_torch_generator(seed):
-        return list(np.random.SeedSequence(_from_torch_generator(seed)).spawn(n))
+    seed = _backend.host_seed(seed)
     if isinstance(seed, np.random.Generator):
         # numpy types seed_seq as the ISeedSequence interface; a Generator's bit generator seeded by
         # default_rng (or by any int or SeedSequence) holds a SeedSequence
@@ -116,7 +95,7 @@ def normal(
     scale: float = 1.0,
 ) -> Any:
     """Standard normal samples (times ``scale`` plus ``loc``) as an array of ``xp``."""
-    host = generator(_seed_for(seed, xp)).normal(loc, scale, size=_shape(shape))
+    host = generator(_backend.host_seed(seed, xp)).normal(loc, scale, size=_shape(shape))
     return _to_backend(host, xp, dtype, device)
 
 
@@ -133,5 +112,5 @@ def uniform(
     """Samples from U[low, high) as an array of ``xp``."""
     if not high > low:
         raise ValueError(f"uniform needs high > low, got low={low}, high={high}")
-    host = generator(_seed_for(seed, xp)).uniform(low, high, size=_shape(shape))
+    host = generator(_backend.host_seed(seed, xp)).uniform(low, high, size=_shape(shape))
     return _to_backend(host, xp, dtype, device)

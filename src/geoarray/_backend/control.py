@@ -246,7 +246,7 @@ def select(
             if v <= threshold:  # False for NaN
                 return branch(operand)
         return branches[-1](operand)
-    if is_jax(xp):
+    if selects_on_device(xp):
         import jax
 
         # the number of (ascending) thresholds below the value; a NaN value takes the last branch
@@ -255,6 +255,14 @@ def select(
         index = xp.minimum(sum(above) + nan, len(thresholds))
         return jax.lax.switch(index, branches, operand)
     return branches[-1](operand)
+
+
+def selects_on_device(xp: Namespace) -> bool:
+    """Whether :func:`select` chooses its branch on the device, without a host read, eager or compiled
+    (JAX: ``lax.switch``). Where it does not (eager torch or CuPy without host reads, ``torch.compile``)
+    it runs the general branch, and a caller that knows a bound on the host can do better by choosing a
+    fixed route itself (the retraction's ``static_bound``); where it does, such a route is not needed."""
+    return is_jax(xp)
 
 
 def static_loop(body: Callable[[int, Any], Any], carry: Any, n: int, xp: Namespace) -> Any:

@@ -303,6 +303,22 @@ def from_host(host: Any, xp: Namespace, dtype: Any = None, device: Any = None) -
     return xp.asarray(host, dtype=dtype, device=device)
 
 
+def host_seed(seed: Any, xp: Any = None) -> Any:
+    """``seed`` as a host draw takes it (:mod:`geoarray.random`): a ``torch.Generator`` becomes one
+    63-bit integer drawn from it (advancing it), and ``None`` with a torch namespace ``xp`` draws that
+    integer from torch's default generator (the one ``torch.manual_seed`` sets); anything else is
+    returned unchanged, for the caller to validate. torch is imported only when one of these is given."""
+    if seed is None and xp is not None and is_torch(as_namespace(xp)):
+        import torch
+
+        seed = torch.default_generator
+    if type(seed).__module__.split(".")[0] == "torch" and type(seed).__name__ == "Generator":
+        import torch
+
+        return int(torch.randint(0, 2**63 - 1, (), generator=seed, device=seed.device).item())
+    return seed
+
+
 def from_host_like(host: Any, like: Array) -> Array:
     """A copy of the NumPy array ``host`` in the namespace, dtype, device and memory layout of ``like``.
 

@@ -215,7 +215,7 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int, static_bo
     routes ignore it. All routes are accurate to unit roundoff, so the results agree to rounding.
     """
     route = None
-    if not _backend.is_jax(xp):
+    if not _backend.selects_on_device(xp):
         fixed_work = not _backend.is_traced(bound) and not _backend.host_reads_allowed(bound)
         compiling = _backend.is_compiling()
         if static_bound is not None and (fixed_work or compiling):

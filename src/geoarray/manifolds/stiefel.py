@@ -300,10 +300,10 @@ class OrthonormalFrames(Manifold):
         method = self._method(method)
         static = None
         # the fixed-work routes use it, eager without host reads and torch.compile (which cannot choose a
-        # Taylor rule on the device and would otherwise run the top one with a doubling loop); JAX chooses
-        # on the device, and there it is left out of the jitted kernel's static arguments, which it
+        # Taylor rule on the device and would otherwise run the top one with a doubling loop); a backend
+        # that chooses on the device (JAX) leaves it out of the jitted kernel's static arguments, which it
         # would only multiply
-        fixed = not _backend.is_jax(xp) and (not _backend.is_traced(W.B) or _backend.is_compiling())
+        fixed = not _backend.selects_on_device(xp) and (not _backend.is_traced(W.B) or _backend.is_compiling())
         if velocity_bound is not None and method == "geodesic" and fixed:
             static = kernel_norm_bound(self.N, self.n, float(velocity_bound))
         kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings", "static_bound")
