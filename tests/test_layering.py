@@ -82,3 +82,71 @@ def test_every_import_points_down():
             if LAYERS[other] >= LAYERS[me]:
                 upward.append(f"{rel} (layer {LAYERS[me]}) imports {target} (layer {LAYERS[other]})")
     assert upward == [], "imports that point up or sideways:\n" + "\n".join(sorted(set(upward)))
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _load_time_imports(path: Path, modules: set[str]) -> set[str]:
+    """The geoarray modules ``path`` imports while it is being imported: its top-level statements (and
+    their ``if``/``try`` bodies), not function-level imports nor ``if TYPE_CHECKING:`` blocks. ``from P
+    import m`` names the module P.m where that is one, else P."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+                for handler in node.handlers:
+                    visit(handler.body)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    out.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target)
+            elif isinstance(node, ast.Import):
+                out.update(alias.name for alias in node.names)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return (out & modules) - {me}
+
+
+def test_no_import_cycle_between_modules():
+    """No module of geoarray imports, while it loads, a module that imports it back (directly or through
+    others): the load-time import graph of the package's files (a package standing for its __init__.py)
+    has no cycle, so each file can be read and imported on its own terms. Function-level imports are the
+    way a module reaches up (test_every_import_points_down keeps those pointing down too). The last cycle,
+    geoarray.torch.optim ↔ conventions ↔ methods (the base class re-exported its subclasses), is gone:
+    the base class is geoarray.torch.optimizer and geoarray.torch.optim only gathers the optimizers."""
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {name: _load_time_imports(path, set(paths)) for name, path in paths.items()}
+    assert graph["geoarray.torch.optim"] >= {"geoarray.torch.optimizer", "geoarray.torch.methods"}  # the walk sees them
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert cycles == [], "import cycles:\n" + "\n".join(cycles)

@@ -14,8 +14,8 @@
   defaults and formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
   ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
   it was ``Adam`` before). :class:`Optimizer`, :class:`Momentum`, :class:`Gradient`,
-  :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optim`, :mod:`.methods`):
-  ``torch.optim.Optimizer``
+  :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optimizer`, :mod:`.methods`; all
+  gathered in :mod:`.optim`): ``torch.optim.Optimizer``
   subclasses running geoarray's array-API optimizer core (Algorithm 1 of Brantner, *Generalizing Adam to
   Manifolds for Efficiently Training Transformers*). Every one works with every
   ``torch.optim.lr_scheduler`` (every param group carries ``lr``).

@@ -16,7 +16,7 @@ import torch
 from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
 from .cohorts import Core
-from .optim import Optimizer
+from .optimizer import Optimizer
 from .param_groups import BOOKKEEPING, CORE_OPTIONS, LiveHyperparameter, core_options, scaled
 
 __all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]

@@ -1,0 +1,722 @@
+"""The base class of the geoarray.torch optimizers: a ``torch.optim.Optimizer`` driven by geoarray's
+array-API optimizer core (its subclasses: :mod:`geoarray.torch.conventions`, :mod:`geoarray.torch.methods`;
+all gathered in :mod:`geoarray.torch.optim`).
+
+    model = geoarray.torch.nn.StiefelLayer(10, 3)          # its weight is a ManifoldParameter
+    opt = geoarray.torch.Adam(model.parameters(), lr=1e-2)
+    loss(model(x)).backward(); opt.step(); opt.zero_grad()
+
+Each step runs Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Training
+Transformers* (Riemannian gradient → lift to g^hor → cache update → retraction) on every
+:class:`~geoarray.torch.ManifoldParameter` and the ordinary (Euclidean) update on every other tensor,
+by calling :class:`geoarray.optim.RiemannianOptimizer` — the same code that runs on NumPy and JAX —
+on the parameters of a param group as one tree. Same-shaped parameters of one manifold are stacked
+and updated by one batched call (``group_same_shape=True``), so the 336 attention projections of
+the paper's vision transformer cost one call, not 336.
+
+What it does as a ``torch.optim.Optimizer``:
+
+* **param groups** with per-group hyperparameters (``lr``, ``betas``, …, and the core's options
+  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``); every group carries
+  ``lr``, read at every step, so every ``torch.optim.lr_scheduler`` works (:class:`Adam`, :class:`AdamW`,
+  :class:`SGD` also read ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` at every
+  step: OneCycleLR's momentum cycling builds nothing new); changing another hyperparameter rebuilds
+  the group's core and keeps its state (which must keep its structure: checked on a fresh state, except
+  for the keys ``_STATE_FREE`` names, a scheduler's ``lr`` among them); a key the optimizer does not know
+  is refused.
+* **in place**: the step runs under ``torch.no_grad()`` and writes the new values into each
+  parameter's storage (``copy_``), so parameters stay leaves without ``grad_fn`` and the next
+  ``backward()`` works.
+* **no grad, no update**: parameters whose ``grad`` is None are skipped, with their state. The state
+  of a group is batched over the parameters that first stepped together (a *cohort*); a later step
+  in which only part of a cohort has gradients is refused with a ``ValueError`` naming the missing
+  ones (put parameters that are used only sometimes in their own param group).
+* **state_dict / load_state_dict** resume bit-exactly: the core's state leaves are stored as tensors
+  (under the key ``"geoarray"`` beside torch's ``"state"`` and ``"param_groups"``) with their dtypes
+  and memory layouts, so ``torch.save(opt.state_dict())`` loads with ``weights_only=True``.
+* **GradScaler**: ``torch.amp.GradScaler`` skips a step whose scaled gradients hold an inf or NaN,
+  leaving parameters and state untouched. Where host reads are free (the CPU) it unscales the
+  gradients and reads its flag itself; elsewhere (a GPU) it hands the step its scale and flag, as to
+  torch's fused Adam (``_step_supports_amp_scaling``), and the step unscales in place and decides the
+  skip on the device, so ``scaler.step(opt)`` reads nothing to the host
+  (``geoarray/torch/_grad_scaler.py``). Without a scaler, the core's ``on_nonfinite="skip"``
+  (default) does the same for a non-finite gradient and counts it.
+* **torch.compile**: compile the model (``torch.compile(model)``), the step
+  (``torch.compile(opt.step, fullgraph=True)``: one graph, no host reads, one compilation for every
+  later step; tested with ``backend="aot_eager"`` equal to the eager step), or both. The first step of
+  the parameters runs eagerly (``opt.step()`` once, uncompiled): it builds the state, checks the weights
+  and registers the kernels the traced update calls; a compiled step that would build state (a first
+  step, a structural hyperparameter changed) raises ``RuntimeError`` saying so. A compiled step checks
+  no values; :meth:`Optimizer.validate` checks them on request. A float ``lr`` changed by a scheduler is
+  a new constant to the compiled graph: torch recompiles, as for its own optimizers.
+* **bad input** — a ManifoldParameter whose shape or dtype does not fit its manifold, an initial
+  weight off the manifold, a gradient of another dtype, device or shape, a parameter converted
+  (``module.to``) to another dtype or device after its state was built — raises ``TypeError`` or
+  ``ValueError`` naming the parameter (``'layer.weight'`` when the optimizer was given
+  ``model.named_parameters()``, else ``param_groups[g]['params'][i]``) before anything is changed.
+  Shapes and dtypes are checked when the parameters are added; that the weights lie on their
+  manifold when their state is created (one host read per weight, at their first step — not after
+  ``load_state_dict``, since trained float32 weights drift off by ~1e-4 in 10⁴ steps, the size of
+  ``is_point``'s tolerance); the refusal gives the measured error, the tolerance and the fix
+  (``geoarray.torch.project_``). A weight moved off its manifold later, by the user, is not detected.
+
+Distributed use is described in :mod:`geoarray.torch`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
+
+import optree
+import torch
+
+from .. import optim as _optim
+from .._backend import host_reads_allowed
+from ..optim.riemannian import RiemannianOptimizer
+from ..optim.transforms import GradientTransformation
+from . import _dtensor
+from ._agreement import agree_on_step, check_skip_together
+from ._grad_scaler import (
+    core_skips_itself,
+    keep_where_found,
+    poison_where_found,
+    restore_skipped,
+    scaler_flags,
+    unscale_,
+    zero_where_found,
+)
+from .cohorts import (
+    FORMAT,
+    FORMAT_VERSION,
+    Cohort,
+    Core,
+    eager_first_message,
+    probe_point,
+    restore_state,
+    saved_groups,
+    write_state,
+)
+from .param_groups import (
+    BOOKKEEPING,
+    CORE_OPTIONS,
+    NOT_HYPERPARAMETERS,
+    NOT_IN_KEY,
+    LiveHyperparameter,
+    check_capturable,
+    check_lr,
+    core_lr,
+    scaled,
+)
+from .parameter import check_manifold_tensor, manifold_of
+from .state_view import StateView
+
+__all__ = ["Optimizer"]
+
+
+def _key_value(value: Any) -> Any:
+    """A hyperparameter as a cohort's key holds it: numbers (and tuples of them) as they are, anything else by
+    its repr. Under torch.compile a number can be a SymFloat (dynamo makes a float symbolic once it has seen it
+    change, as when two optimizers' steps are compiled in one process): it has no repr there, and comparing
+    it with the key's value (:func:`_same_key`) guards on that comparison: a changed value recompiles, and
+    the new trace sees the change (and refuses it, as a compiled step does: run that step eagerly)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_key_value(v) for v in value)
+    return repr(value)
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    """Whether two cohort keys are equal, one entry at a time: each comparison is an ``if``, which dynamo
+    answers for a symbolic number by guarding on it (it cannot compare tuples that hold symbolic ones)."""
+    if not torch.compiler.is_compiling():
+        return bool(a == b)
+    if not isinstance(a, tuple) or not isinstance(b, tuple):
+        return a == b
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if not _same_key(x, y):
+            return False
+    return True
+
+
+def _differ_only_in(a: tuple, b: tuple, names: tuple[str, ...]) -> bool:
+    """Whether two cohort keys ((name, value) pairs in the same order) differ in the entries ``names`` alone."""
+    return len(a) == len(b) and all(x == y or (x[0] == y[0] and x[0] in names) for x, y in zip(a, b, strict=True))
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` around a geoarray optimizer core (see the module docstring).
+
+    ``core`` is one of
+
+    * a :class:`geoarray.optim.RiemannianOptimizer` (e.g. ``geoarray.optim.Adam(lr=1e-3)`` or
+      ``geoarray.optim.riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(), ...))``): every
+      param group gets its own copy;
+    * a gradient transformation (``init``/``update``, geoarray's or optax's): wrapped by
+      :func:`geoarray.optim.riemannian` with the options in ``defaults``;
+    * a callable ``core(group) -> RiemannianOptimizer`` receiving the param group dict, for per-group
+      hyperparameters: it is called again when a hyperparameter of the group (any key but ``params``,
+      ``param_names``) changes.
+
+    ``defaults`` are the default group hyperparameters, as in ``torch.optim.Optimizer``. A key in a
+    param group that is neither in ``defaults`` nor one of the core's options above is refused
+    (``ValueError``) — except with a callable ``core`` and no ``defaults``, whose groups are the
+    factory's to read.
+
+    ``skip_together`` (keyword, default False; every subclass takes it, and a param group may set its
+    own): the parameters of such groups, on every rank of the default process group, take or skip
+    each step together. Under ``ZeroRedundancyOptimizer`` each rank's optimizer holds a partition of the
+    model, and a NaN gradient in one partition would skip that partition's step only; with
+    ``skip_together=True`` (ZeRO hands its keywords to each rank's optimizer) it skips the step on every
+    rank, as one process does. After computing their updates and before writing them the ranks
+    all-reduce (MIN) a 4-byte "every such cohort here took its step"; where one did not, every such
+    cohort on every rank keeps its values and state and counts the step in ``skipped`` (selected on the
+    device, no host read). Every rank must call ``step()`` each time (ZeRO's ranks do);
+    ``on_nonfinite="raise"`` is refused with it (``ValueError``): the rank that raised would leave the
+    others waiting.
+
+    ``capturable`` (keyword, default False; every subclass takes it, a param group may set its own), as
+    in ``torch.optim.Adam(capturable=True)``: the step can be captured in a CUDA graph together with the
+    forward and backward. After the first step, which runs eagerly and makes them, the state's tensors
+    are fixed buffers that every step writes in place (as it writes the parameters), so a replay reads and
+    writes the same addresses and nothing on the Python side changes; on a GPU the step reads nothing to
+    the host (:func:`geoarray.set_host_reads`). The lr must be a float, baked into a captured graph
+    (capture again after changing it), and ``stabilize`` is refused (its count lives in Python). A
+    step inside a capture that would build state or make the buffers raises ``RuntimeError``.
+
+    **Learning rate.** Every param group carries ``lr``, so every ``torch.optim.lr_scheduler`` works.
+    For a core whose update is the Riemannian wrapper's (geoarray's Adam, Momentum, Gradient, BFGS,
+    ``riemannian(...)``), the group's ``lr`` scales the velocity W = −η·direction relative to the rate
+    the core was built with, read at every step without rebuilding it: ``lr`` starts at the core's
+    own rate (``core.lr``) where it has a constant one, else at 1.0 (a pure factor; for a factory,
+    relative to the group's ``lr`` when the core was built). Halving ``group["lr"]`` halves the step.
+    Other cores (ManifoldMuon, Muon) are rebuilt from a factory when ``lr`` changes; a core instance
+    of that kind cannot take a new rate and a change is refused with a ``ValueError`` (use
+    :class:`ManifoldMuon`/:class:`Muon` of this module, or a factory).
+    """
+
+    #: True for the convenience optimizers (``Adam``, ``Gradient``, …), which build their cores from
+    #: the group's hyperparameters themselves (:mod:`geoarray.torch.methods`)
+    _OWN_CORES = False
+    #: the hyperparameters of a group whose change builds a new core without a fresh state (its own cores'
+    #: arguments that enter no state's structure; tests/test_torch_schedulers.py checks each): a change of
+    #: any other builds a fresh state on random points to check that the structure stays
+    _STATE_FREE: tuple[str, ...] = ("lr",)
+    #: ``_factory(group)``: the core for a group's hyperparameters (set by __init__ and __setstate__;
+    #: ``...``: the lambdas of __init__ bind their other arguments as defaults)
+    _factory: Callable[..., Core]
+    #: torch.optim.Optimizer's (declared here too for type checkers that run without torch)
+    param_groups: list[dict[str, Any]]
+
+    if TYPE_CHECKING:
+        # the convenience optimizers' factory (``_OWN_CORES``), defined by geoarray.torch.methods
+        def _core_for(self, group: dict) -> Core: ...
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        core: Core | GradientTransformation | Callable[[dict], Core],
+        defaults: dict | None = None,
+        *,
+        skip_together: bool = False,
+        capturable: bool = False,
+    ):
+        defaults = dict(defaults or {})
+        defaults.setdefault("capturable", capturable)  # torch's convention classes pass their own
+        # the keys a group may hold (None: any; a factory without defaults reads what it likes)
+        self._known: frozenset | None = frozenset(defaults) | {"lr"}
+        self._lr_reference: float | None = None  # None: the group's lr when the core was built
+        self._lr_rebuilds = False  # True: lr changes rebuild the core (it cannot be scaled)
+        if isinstance(core, _optim.OPTIMIZER_TYPES):
+            self._lr_reference = core_lr(core) or 1.0
+            self._factory = lambda group, proto=core: self._copy_core(proto, group)
+        elif callable(getattr(core, "init", None)) and callable(getattr(core, "update", None)):
+            self._lr_reference = 1.0
+            self._known |= set(CORE_OPTIONS)
+            self._factory = lambda group, t=core: _optim.riemannian(
+                t, **{k: group[k] for k in CORE_OPTIONS if k in group}
+            )
+        elif callable(core):
+            self._factory = core
+            if not defaults:
+                self._known = None
+        elif not self._OWN_CORES:
+            raise TypeError(
+                "core must be a geoarray.optim.RiemannianOptimizer, a gradient transformation or a callable "
+                f"group -> RiemannianOptimizer, got {type(core).__name__}"
+            )
+        if not self._OWN_CORES:
+            defaults.setdefault("lr", self._lr_reference or 1.0)
+        defaults["skip_together"] = skip_together
+        self._cohorts: list[list[Cohort]] = []
+        super().__init__(params, defaults)
+
+    # torch types Optimizer.state as the per-parameter dict it keeps; here the state lives in the cohorts
+    # and this is a read-only view of it
+    @property  # type: ignore[override]
+    def state(self) -> StateView:
+        """Each parameter's state under torch's names (``step``, ``exp_avg``, ``exp_avg_sq``,
+        ``momentum_buffer``, …): a read-only mapping of views into the grouped state
+        (:mod:`geoarray.torch.state_view`)."""
+        return StateView(self)
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        # torch.optim.Optimizer assigns its per-parameter dict here (__init__, load_state_dict); the
+        # state lives in the cohorts instead, so there is nothing to keep
+        pass
+
+    def _copy_core(self, proto: Core, group: dict) -> Core:
+        core = copy.copy(proto)
+        if type(core).update is not RiemannianOptimizer.update:
+            lr = group.get("lr", self._lr_reference)
+            if isinstance(lr, torch.Tensor):
+                lr = lr.item()
+            if lr != self._lr_reference:
+                raise ValueError(
+                    f"param group lr was changed to {lr!r}, but the core {type(proto).__name__} took its learning "
+                    f"rate ({self._lr_reference!r}) at construction and cannot take another; use "
+                    f"geoarray.torch.{type(proto).__name__} (its param groups carry lr) or a factory core(group)"
+                )
+        return core
+
+    # -- groups ------------------------------------------------------------------------------------
+
+    def _make_core(self, group: dict, group_index: int) -> Core:
+        core = self._factory(group)
+        if not isinstance(core, _optim.OPTIMIZER_TYPES):
+            raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
+        if self._OWN_CORES:
+            return core
+        if type(core).update is not RiemannianOptimizer.update:
+            self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
+            return core
+        # a core with RiemannianOptimizer's update is one (ManifoldMuon and partitions have their own)
+        core = cast(RiemannianOptimizer, core)
+        gi = next((i for i, g in enumerate(self.param_groups) if g is group), None)
+        if gi is None:
+            return core  # the probe core of a group being added
+        reference = self._lr_reference
+        if reference is None:
+            reference = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else float(group["lr"])
+        with_lr = copy.copy(core)
+        with_lr.transform = scaled(core.transform, LiveHyperparameter(self, gi, reference=reference))
+        return with_lr
+
+    def _live_keys(self) -> tuple[str, ...]:
+        """Hyperparameters read at every step (their changes need no new core)."""
+        return () if self._lr_rebuilds else ("lr",)
+
+    def _hyper_key(self, group: dict) -> tuple:
+        live = self._live_keys()
+        return tuple((k, _key_value(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
+
+    def _check_group_keys(self, group: dict, gi: int) -> None:
+        if self._known is None:
+            return
+        unknown = sorted(k for k in group if k not in self._known and k not in BOOKKEEPING and k != "params")
+        if unknown:
+            raise ValueError(
+                f"param_groups[{gi}] has keys {unknown} that {type(self).__name__} does not know (it takes "
+                f"{sorted(self._known)}); remove them or fix their spelling"
+            )
+
+    @staticmethod
+    def _name(group: dict, group_index: int, i: int) -> str:
+        names = group.get("param_names")
+        if names is not None and i < len(names):
+            return repr(names[i])
+        return f"param_groups[{group_index}]['params'][{i}]"
+
+    def add_param_group(self, param_group: dict) -> None:
+        gi = len(self.param_groups)
+        param_group = dict(param_group)
+        items = param_group["params"]
+        items = [items] if isinstance(items, torch.Tensor) else list(items)  # may be a generator
+        param_group["params"] = items
+        self._check_group_keys(param_group, gi)
+        probe = dict(self.defaults, **{k: v for k, v in param_group.items() if k != "params"})
+        check_skip_together(probe, gi)
+        if "lr" in probe:
+            check_lr(probe["lr"], f"param_groups[{gi}]['lr']")
+        check_capturable(probe, gi, type(self).__name__, live_lr="lr" in self._live_keys())
+        names = [it[0] if isinstance(it, tuple) and len(it) == 2 else None for it in items]
+        params = [it[1] if isinstance(it, tuple) and len(it) == 2 else it for it in items]
+        if all(n is not None for n in names) and "param_names" not in probe:
+            probe["param_names"] = names
+        for i, p in enumerate(params):
+            name = self._name(probe, gi, i)
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
+            m = manifold_of(p)
+            if m is not None:
+                # that the values lie on the manifold is checked when a state is first created (the
+                # first step), not here: load_state_dict may follow, with trained weights that drifted
+                check_manifold_tensor(p, m, name)
+            elif not p.dtype.is_floating_point or p.dtype.is_complex:
+                raise TypeError(f"{name} must have a real floating dtype, got {p.dtype}")
+        # build a core once so that bad hyperparameters fail here, not at the first step
+        probe["params"] = params
+        self._make_core(probe, gi)
+        super().add_param_group(param_group)
+        self._cohorts.append([])
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def _check_grads(self, group: dict, gi: int, active: list[int]) -> None:
+        for i in active:
+            p = group["params"][i]
+            g = p.grad
+            if g.is_sparse or g.dtype != p.dtype or g.device != p.device or g.shape != p.shape:
+                # the name is formatted only for the error (it costs more than the checks, every step)
+                name = self._name(group, gi, i)
+                if g.is_sparse:
+                    raise TypeError(f"the gradient of {name} is sparse; geoarray optimizers need dense gradients")
+                if g.dtype != p.dtype:
+                    raise TypeError(f"the gradient of {name} has dtype {g.dtype}, the parameter {p.dtype}")
+                if g.device != p.device:
+                    raise ValueError(f"the gradient of {name} is on device {g.device}, the parameter on {p.device}")
+                raise ValueError(f"the gradient of {name} has shape {tuple(g.shape)}, the parameter {tuple(p.shape)}")
+
+    # Host bookkeeping, never traced: a compiled step refuses to build or rebuild a cohort (eager_first_message),
+    # but where a compiled caller runs this step eagerly after a graph break (a function that calls
+    # opt.step() and a scheduler's wrapper of it, compiled without fullgraph), dynamo still compiles these
+    # frames, and its optree polyfills spell the layouts' treedefs differently (namespace=''): the state
+    # built or checked there no longer matched the eager state's structure
+    @torch.compiler.disable
+    def _new_cohort(self, group: dict, gi: int, indices: tuple[int, ...], *, restoring: bool = False) -> Cohort:
+        """A cohort with a fresh core and state for ``group["params"][i] for i in indices``.
+
+        ``restoring=True`` (a saved or carried state is about to replace the fresh one: load_state_dict,
+        a core rebuilt after a copy or a hyperparameter change) skips the check that the weights lie on
+        their manifold: trained weights drift off it by rounding (in float32 of the order of
+        ``is_point``'s tolerance 1e-4 after 10⁴ steps), and resuming must not be refused for that. The
+        core then records its layout on random points of the same shapes, dtypes and devices.
+        """
+        params = [group["params"][i] for i in indices]
+        manifolds = [manifold_of(p) for p in params]
+        sharded = _dtensor.views(self, group, params, grads=False)  # DTensors (FSDP2): what this rank steps
+        tensors = params if sharded is None else sharded.leaves
+        for i, p, m in zip(indices, tensors, manifolds, strict=True):
+            if m is not None:
+                # while torch.compile traces the step, is_point's host read would break the graph:
+                # the values are then checked by validate() or an eager first step, not here
+                on_manifold = not restoring and not torch.compiler.is_compiling()
+                check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=on_manifold)
+        leaves = [
+            p.detach() if m is None or not restoring else probe_point(m, p)
+            for p, m in zip(tensors, manifolds, strict=True)
+        ]
+        core = self._make_core(group, gi)
+        fresh = core.init(leaves, manifolds)
+        return Cohort(
+            indices,
+            tuple(tuple(p.shape) for p in params),
+            core,
+            fresh,
+            None,
+            tuple((p.dtype, p.device) for p in params),
+        )
+
+    def _plan(self, group: dict, gi: int) -> list[Cohort | tuple[int, ...]]:
+        """The cohorts to update in this step (existing ones, or index tuples of new ones); raises on
+        partially active cohorts before anything is changed."""
+        params = group["params"]
+        active = [i for i, p in enumerate(params) if p.grad is not None]
+        if not active:
+            return []
+        self._check_grads(group, gi, active)
+        if "lr" in group and not isinstance(group["lr"], torch.Tensor):  # edited by hand or by a scheduler
+            check_lr(group["lr"], f"param_groups[{gi}]['lr']")
+        if not torch.compiler.is_compiling():  # which shows capturable=True while it traces (NOT_IN_KEY)
+            check_capturable(group, gi, type(self).__name__, live_lr="lr" in self._live_keys())
+        active_set = set(active)
+        plan: list = []
+        covered: set[int] = set()
+        for cohort in self._cohorts[gi]:
+            covered.update(cohort.indices)
+            present = [i for i in cohort.indices if i in active_set]
+            if not present:
+                continue
+            if len(present) != len(cohort.indices):
+                missing = ", ".join(self._name(group, gi, i) for i in cohort.indices if i not in active_set)
+                raise ValueError(
+                    f"{missing} had a gradient when this param group first stepped but has none now, while other "
+                    "parameters of the group do: the optimizer state is batched over the parameters that step "
+                    "together. Put parameters that are used only in some steps in a param group of their own."
+                )
+            for i, shape in zip(cohort.indices, cohort.shapes, strict=True):
+                if tuple(params[i].shape) != shape:
+                    raise ValueError(
+                        f"{self._name(group, gi, i)} has shape {tuple(params[i].shape)}, but the optimizer state was "
+                        f"built for {shape}"
+                    )
+            # a model converted (module.to) after the first step: the state stayed behind, and the core
+            # would fail on mixed dtypes deep inside, or promote silently, instead of naming the parameter
+            for i, (dtype, dev) in zip(cohort.indices, cohort.where, strict=False):
+                p = params[i]
+                if p.dtype == dtype and p.device == dev:
+                    continue
+                name = self._name(group, gi, i)
+                advice = "create the optimizer after converting the model (module.to(...))"
+                if p.dtype != dtype:
+                    raise TypeError(
+                        f"{name} has dtype {p.dtype}, but the optimizer state was built for {dtype}; {advice}"
+                    )
+                if p.device != dev:
+                    raise ValueError(
+                        f"{name} is on device {p.device}, but the optimizer state was built on {dev}; {advice}"
+                    )
+            plan.append(cohort)
+        new = tuple(i for i in active if i not in covered)
+        if new:
+            plan.append(new)
+        return plan
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Whether torch.amp.GradScaler hands ``step`` its scale and inf flag to unscale and skip on the device,
+        as for torch's fused Adam (``geoarray/torch/_grad_scaler.py``): where a host read of the flag is not
+        free (:func:`geoarray.set_host_reads`: on a GPU by default); elsewhere the scaler reads it itself."""
+        return not any(host_reads_allowed(p) for group in self.param_groups for p in group["params"][:1])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        grad_scale, found_inf = scaler_flags(self)
+        if grad_scale is None and found_inf is None:
+            return self._step(closure, None, None)
+        try:
+            return self._step(closure, grad_scale, found_inf)
+        except BaseException:
+            # GradScaler deletes the two after a step that returned: a step that raised would leave them
+            # to scale the next step taken without the scaler
+            self.__dict__.pop("grad_scale", None)
+            self.__dict__.pop("found_inf", None)
+            raise
+
+    def _step(
+        self, closure: Callable[[], Any] | None, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None
+    ) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        together = False
+        for gi, group in enumerate(self.param_groups):
+            if group.get("skip_together", False) is not False:
+                check_skip_together(group, gi)
+                together = True
+        plans = [(gi, group, self._plan(group, gi)) for gi, group in enumerate(self.param_groups)]
+        # a CUDA graph records this step once and replays its kernels: like a compiled step, it cannot
+        # build state (the host work of a first step would not be replayed)
+        tracing = torch.compiler.is_compiling()
+        # dynamo cannot trace is_current_stream_capturing (it returns a bool, not a tensor): under a
+        # trace the check is the trace's own
+        capturing = not tracing and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        compiling = tracing or capturing
+        # all checks passed: build new cohorts, unscale (GradScaler), then compute every update, then write
+        # them all
+        work = []
+        for gi, group, plan in plans:
+            key = self._hyper_key(group)
+            for item in plan:
+                if compiling and (isinstance(item, tuple) or not _same_key(item.key, key)):
+                    raise RuntimeError(eager_first_message(group, gi, item, self._name))
+                if capturing and group.get("capturable") and isinstance(item, Cohort) and not item.buffers:
+                    raise RuntimeError(
+                        f"param group {gi}: a graph-captured step cannot make the state buffers of "
+                        "capturable=True; run one step with capturable=True eagerly, outside the capture, first"
+                    )
+                if isinstance(item, tuple):
+                    cohort = self._new_cohort(group, gi, item)
+                    cohort.key = key
+                    self._cohorts[gi].append(cohort)
+                elif not _same_key(item.key, key):
+                    cohort = self._rebuild(group, gi, item, key)
+                else:
+                    cohort = item
+                work.append((group, cohort))
+        if grad_scale is not None:
+            unscale_(self.param_groups, grad_scale)
+        skip = None if found_inf is None else found_inf.reshape(()) != 0
+        results = []
+        for group, cohort in work:
+            params = [group["params"][i] for i in cohort.indices]
+            sharded = _dtensor.views(self, group, params)  # DTensors (FSDP2): local shards or gathered wholes
+            if sharded is None:
+                grads = [p.grad for p in params]
+                leaves = [p.detach() for p in params]
+            else:
+                grads, leaves = sharded.grads, sharded.leaves
+            assert cohort.core is not None  # built or rebuilt above
+            # shapes, dtypes and devices were checked by _plan against this cohort's state: the
+            # core's own check of the same (about 0.1 ms on 41 parameters) is skipped
+            itself = skip is not None and core_skips_itself(cohort.core, cohort.state, grads, compiling)
+            if skip is not None:
+                grads = poison_where_found(grads, skip) if itself else zero_where_found(grads, skip)
+            new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
+            if skip is not None:
+                if itself:
+                    state = restore_skipped(skip, cohort.state, state)
+                else:
+                    new, state = keep_where_found(skip, leaves, new, cohort.state, state)
+            if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
+                new, state = sharded.agree(cohort.state, new, state)
+            # torch.compile shows every group with capturable=True while it traces (param_groups.NOT_IN_KEY):
+            # a compiled step keeps the form the eager steps gave the state
+            capturable = cohort.buffers if tracing else bool(group.get("capturable"))
+            results.append((params, leaves, new, cohort, state, sharded, bool(group.get("skip_together")), capturable))
+        if together:
+            agreed = agree_on_step(
+                [(r[1], r[2], r[3].state, r[4]) if r[6] else None for r in results], self._agreement_device()
+            )
+            results = [
+                r if a is None else (r[0], r[1], a[0], r[3], a[1], *r[5:]) for r, a in zip(results, agreed, strict=True)
+            ]
+        for params, _, new, cohort, state, sharded, _, capturable in results:
+            if sharded is None:
+                torch._foreach_copy_(params, new)
+            else:
+                sharded.write(new)
+            write_state(cohort, state, capturable)
+        return loss
+
+    def _agreement_device(self) -> torch.device:
+        """Where the ranks' flag lives: the parameters' device (NCCL reduces CUDA tensors only)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                return p.device
+        return torch.device("cpu")
+
+    @torch.no_grad()
+    def validate(self) -> None:
+        """Check that every ManifoldParameter of every param group lies on its manifold (at
+        ``is_point``'s default tolerance; one host read per weight); ``ValueError`` with the measured
+        error, the tolerance and the fix otherwise.
+
+        The first eager step of a parameter does this once; a compiled step
+        (``torch.compile(opt.step, fullgraph=True)``) reads nothing to the host and checks nothing
+        of the values, so call this where a check is wanted (after loading or editing weights)."""
+        for gi, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                m = manifold_of(p)
+                if m is not None:
+                    check_manifold_tensor(p, m, self._name(group, gi, i), on_manifold=True)
+
+    @torch.compiler.disable  # host bookkeeping (_new_cohort)
+    def _rebuild(self, group: dict, gi: int, cohort: Cohort, key: Any) -> Cohort:
+        """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
+        if self._OWN_CORES and cohort.key is not None and _differ_only_in(cohort.key, key, self._STATE_FREE):
+            # a new rate, as a scheduler sets at every step (or another argument of geoarray's own cores that
+            # is in no state): the state keeps its structure. The check below builds a fresh state on random
+            # points (ManifoldMuon on the ViT weights: +2.9 ms per step, a third of the step)
+            cohort.core, cohort.key = self._make_core(group, gi), key
+            return cohort
+        fresh = self._new_cohort(group, gi, cohort.indices, restoring=True)
+        if optree.tree_structure(fresh.state) != optree.tree_structure(cohort.state):
+            raise ValueError(
+                f"changing the hyperparameters of param group {gi} changed the structure of its optimizer state "
+                f"({optree.tree_structure(cohort.state)} → {optree.tree_structure(fresh.state)}); create a new "
+                "optimizer instead"
+            )
+        cohort.core, cohort.key = fresh.core, key
+        return cohort
+
+    # -- copies and pickles --------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
+        # the states travel with the copy
+        state = super().__getstate__()
+        state["state"] = {}  # the view (opt.state) is rebuilt from the cohorts
+        state["_cohorts"] = [
+            [Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
+        ]
+        state["_factory"] = None if self._OWN_CORES else self._factory
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        # torch's load_state_dict also calls __setstate__, with only "state" and "param_groups"
+        has_factory = "_factory" in state
+        cohorts, factory = state.pop("_cohorts", None), state.pop("_factory", None)
+        super().__setstate__(state)
+        if self._OWN_CORES:
+            self._factory = self._core_for
+        elif has_factory:
+            self._factory = factory
+        self._cohorts = cohorts if cohorts is not None else [[] for _ in self.param_groups]
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """torch's ``state_dict`` plus the core's state leaves under ``"geoarray"`` (tensors, bit-exact)."""
+        out = super().state_dict()
+        out["state"] = {}  # torch's per-parameter entry: the views of opt.state would duplicate "geoarray"
+        out["geoarray"] = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "groups": [[c.entry() for c in cohorts] for cohorts in self._cohorts],
+        }
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore hyperparameters and the core's state; the parameters must be those of the saved run
+        (same groups, shapes, dtypes). Raises ``ValueError`` naming the mismatch, changing nothing."""
+        groups = saved_groups(state_dict, len(self.param_groups))
+        saved = {k: v for k, v in state_dict.items() if k != "geoarray"}
+        if not isinstance(saved.get("param_groups"), list):
+            raise ValueError(
+                "state_dict has no 'param_groups' list (torch's hyperparameters of each group): pass the whole "
+                f"dict that opt.state_dict() returned, got keys {sorted(map(str, state_dict))}"
+            )
+        for gi, (mine, theirs) in enumerate(zip(self.param_groups, saved.get("param_groups", ()), strict=False)):
+            keys_mine, keys_theirs = set(mine) - NOT_HYPERPARAMETERS, set(theirs) - NOT_HYPERPARAMETERS
+            if keys_mine != keys_theirs:
+                raise ValueError(
+                    f"state_dict: param group {gi} holds the state of another optimizer: hyperparameters "
+                    f"{sorted(keys_theirs)}, this optimizer's {sorted(keys_mine)}"
+                )
+        old = (self.param_groups, self.state, self._cohorts)
+        super().load_state_dict(saved)
+        for group in self.param_groups:
+            # a checkpoint from before a key existed (AdamWithDecay's groups had no lr): the default
+            # (only the optimizer's own keys: torch's __setstate__ adds "differentiable" to defaults)
+            for k, v in self.defaults.items():
+                if self._known is None or k in self._known:
+                    group.setdefault(k, v)
+        try:
+            for gi, group in enumerate(self.param_groups):
+                # validated now, not at the first step: building the group's core checks every
+                # hyperparameter it takes (a state_dict edited to lr="oops" is refused here)
+                if "lr" in group and not isinstance(group["lr"], torch.Tensor):
+                    check_lr(group["lr"], f"state_dict['param_groups'][{gi}]['lr']")
+                self._make_core(group, gi)
+            self._cohorts = [self._load_group(gi, entries) for gi, entries in enumerate(groups)]
+        except BaseException:
+            self.param_groups, self.state, self._cohorts = old
+            raise
+
+    def _load_group(self, gi: int, entries: list) -> list[Cohort]:
+        group = self.param_groups[gi]
+        n = len(group["params"])
+        cohorts = []
+        for entry in entries:
+            raw = entry["indices"]
+            if not isinstance(raw, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in raw
+            ):
+                raise ValueError(f"state_dict: param group {gi} refers to parameters {raw!r}; expected a list of ints")
+            indices = tuple(raw)
+            if not indices or any(not 0 <= i < n for i in indices):
+                raise ValueError(f"state_dict: param group {gi} refers to parameters {indices}; the group has {n}")
+            cohort = self._new_cohort(group, gi, indices, restoring=True)
+            restore_state(cohort, entry, gi)
+            cohort.key = self._hyper_key(group)
+            cohorts.append(cohort)
+        return cohorts
