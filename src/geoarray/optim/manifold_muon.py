@@ -44,7 +44,7 @@ from .muon import (
     muon,
     supports_manifold_muon,
 )
-from .riemannian import ON_NONFINITE, finiteness, warn_skipped
+from .nonfinite import check_policy, chooser, gate, keep_where_finite
 from .transforms import check_nonnegative, check_unit_interval, count_as_float, zero_count
 
 __all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
@@ -129,9 +129,7 @@ class ManifoldMuon:
             raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
         if not isinstance(group_same_shape, bool):
             raise TypeError(f"group_same_shape must be a bool, got {group_same_shape!r}")
-        if on_nonfinite not in ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
-        self.on_nonfinite = on_nonfinite
+        self.on_nonfinite = check_policy(on_nonfinite)
         if retraction not in MANIFOLD_MUON_RETRACTIONS:
             raise ValueError(f"retraction must be one of {MANIFOLD_MUON_RETRACTIONS}, got {retraction!r}")
         if isinstance(dual_iterations, bool) or not isinstance(dual_iterations, int) or dual_iterations < 0:
@@ -207,20 +205,13 @@ class ManifoldMuon:
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
         packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
-        # a non-finite gradient: as RiemannianOptimizer does (read to the host where that is free, a
-        # skipped step then computes nothing; masked on the device otherwise)
-        finite = finiteness(self.on_nonfinite, layout, gleaves, packed_grads, xp)
-        if isinstance(finite, bool):
-            if not finite:
-                skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
-                warn_skipped(state, skipped)
-                return optree.tree_unflatten(optree.tree_structure(params), list(leaves)), skipped
-            finite = None
-        if finite is not None:  # zeros instead of NaN through Newton–Schulz and the retraction
-            zero = lambda G: xp.zeros((), dtype=G.dtype, device=_backend.device(G))  # noqa: E731
-            packed_grads = [xp.where(finite, G, zero(G)) for G in packed_grads]
-        # masked steps keep the old values where the flag is false (bit for bit)
-        keep = (lambda new, old: new) if finite is None else (lambda new, old: xp.where(finite, new, old))
+        # a non-finite gradient: as RiemannianOptimizer does (geoarray.optim.nonfinite: read to the host
+        # where that is free, a skipped step then computes nothing; masked on the device otherwise, with
+        # zeros instead of NaN through Newton–Schulz and the retraction)
+        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp)
+        if skipped is not None:
+            return optree.tree_unflatten(optree.tree_structure(params), list(leaves)), skipped
+        keep = chooser(finite, xp)  # the new parameters where the flag is true, else the old, bit for bit
         mu = self.momentum
         # the rate of this step: a number, or a schedule's value at t = step + 1 (a 0-d array per group's dtype)
         schedule = self.lr if callable(self.lr) else None
@@ -244,18 +235,15 @@ class ManifoldMuon:
                 n_iter=self.dual_iterations, retraction=self.retraction_name, return_direction=False,
             )  # fmt: skip
             _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
-            buffers.append(keep(buf_new, buf))
-            duals.append(P if P_new is None else keep(P_new, P))
+            buffers.append(buf_new)
+            duals.append(P if P_new is None else P_new)
         updates, muon_state = self.transform.update(tuple(e_grads), state.muon, tuple(e_points))
         for group, Y, W in zip(e_groups, e_points, updates, strict=True):
             W = self._rate(schedule, state.step, Y, xp) * W
             _layout.unpack(group, keep(Y + W, Y), layout.shapes, xp, new_leaves)
-        step, skipped = _backend.as_array(state.step + 1), state.skipped
-        if finite is not None:
-            muon_state = optree.tree_map(keep, muon_state, state.muon)
-            step = keep(step, state.step)
-            skipped = _backend.as_array(skipped + xp.astype(xp.logical_not(finite), skipped.dtype))
-        new_state = ManifoldMuonState(step, skipped, tuple(buffers), tuple(duals), muon_state, layout)
+        step = _backend.as_array(state.step + 1)
+        new_state = ManifoldMuonState(step, state.skipped, tuple(buffers), tuple(duals), muon_state, layout)
+        new_state = keep_where_finite(finite, new_state, state, xp)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
         # inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state

@@ -57,7 +57,8 @@ velocity is bounded whatever its gradients (its ``bound``: Adam at a constant or
 then the cheapest one covering every step Adam can take (on the paper's ViT weights in float32: φ₁'s
 degree-5 polynomial, 3 products, where the budget's route takes 12 and ~30 small operations). ``"raise"``
 raises ``FloatingPointError`` naming the leaf (reads a flag to the host: eager use only);
-``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers).
+``"ignore"`` performs no check (cheapest; NaN propagates, as in plain PyTorch optimizers). The policy
+is written once, in ``geoarray.optim.nonfinite``, for every optimizer that has it (ManifoldMuon too).
 
 **Precision.** float16/bfloat16 leaves are stepped in float32 (lift, transform state, retraction)
 and cast back to their dtype; the state holds float32 arrays. With Householder sections every
@@ -85,7 +86,6 @@ devices against the state's layout; skipped with ``check=False`` by adapters tha
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
@@ -94,10 +94,12 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
+from .._typing import Array
 from ..manifolds.base import RETRACTIONS, SECTIONS, Manifold
 from ..manifolds.stiefel import OrthonormalFrames
 from . import layout as _layout
 from .layout import Layout
+from .nonfinite import NonFiniteGradientWarning, check_policy, chooser, gate, keep_where_finite
 from .transforms import GradientTransformation
 
 __all__ = [
@@ -108,14 +110,6 @@ __all__ = [
     "RotatedFrame",
     "riemannian",
 ]
-
-from .._typing import Array
-
-ON_NONFINITE = ("skip", "raise", "ignore")
-
-
-class NonFiniteGradientWarning(UserWarning):
-    """Some optimizer updates were skipped because a gradient was not finite (``on_nonfinite="skip"``)."""
 
 
 class NoSection(NamedTuple):
@@ -138,12 +132,6 @@ class RiemannianState(NamedTuple):
     inner: Any  # the transform's state, over the tuple of lifted parameter groups
     sections: tuple  # per group: the carried section ("transported"), RotatedFrame ("rotated") or NoSection()
     layout: Layout  # paths, shapes and groups of the tree (geoarray.optim.layout)
-
-
-def _readable(flag: Array) -> bool:
-    """Whether ``update`` may read the finiteness flag to the host (eager, where the host reads policy
-    allows it) or must mask (traced, or no host reads)."""
-    return _backend.host_reads_allowed(flag)
 
 
 class RiemannianOptimizer:
@@ -187,8 +175,7 @@ class RiemannianOptimizer:
             raise ValueError(f"section must be one of {SECTIONS} or None, got {section!r}")
         if retraction is not None and retraction not in RETRACTIONS:
             raise ValueError(f"retraction must be one of {RETRACTIONS} or None, got {retraction!r}")
-        if on_nonfinite not in ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        check_policy(on_nonfinite)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int (it seeds 'random' sections), got {seed!r}")
         if not isinstance(group_same_shape, bool):  # bool("no") is True: a string would group silently
@@ -327,21 +314,12 @@ class RiemannianOptimizer:
                 "the state was assembled from parts of different optimizer states"
             )
         packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
-        finite = finiteness(self.on_nonfinite, layout, gleaves, packed_grads, xp)
-        if isinstance(finite, bool):
-            # eager: the flag was read to the host (one scalar; a retraction reads one anyway), so a
-            # skipped step computes nothing and a finite one needs no masks (about 30 operations)
-            if not finite:
-                skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
-                warn_skipped(state, skipped)
-                return list(leaves), skipped
-            finite = None
-        if finite is not None:
-            # traced (jax.jit, torch.compile): no host reads; the step is computed and masked.
-            # Zero the gradients of a skipped step so no NaN reaches LAPACK-backed kernels
-            packed_grads = [
-                xp.where(finite, G, xp.zeros((), dtype=G.dtype, device=_backend.device(G))) for G in packed_grads
-            ]
+        # eager with host reads, the flag is read (one scalar; a retraction reads one anyway): a skipped
+        # step computes nothing and a finite one needs no masks (about 30 operations); otherwise the
+        # step is computed and masked (geoarray.optim.nonfinite)
+        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp)
+        if skipped is not None:
+            return list(leaves), skipped
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
@@ -384,28 +362,13 @@ class RiemannianOptimizer:
             for Y_new in new_points:
                 finite = xp.logical_and(finite, _backend.all_finite(Y_new, xp))
         new_leaves: list = [None] * len(leaves)
+        keep = chooser(finite, xp)
         for group, Y_new, Y in zip(layout.groups, new_points, points, strict=True):
-            if finite is not None:
-                # per group, before unpacking (and before a half-precision group is cast back): the old
-                # leaves come back unchanged, bit for bit
-                Y_new = xp.where(finite, Y_new, Y)
-            _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
+            # per group, before unpacking (and before a half-precision group is cast back): the old
+            # leaves come back unchanged, bit for bit, where the step is skipped on the device
+            _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
-        if finite is not None:
-            where_finite = lambda new, old: xp.where(finite, new, old)  # noqa: E731
-            new_state = RiemannianState(
-                where_finite(step, state.step),
-                _backend.as_array(state.skipped + xp.astype(xp.logical_not(finite), state.skipped.dtype)),
-                optree.tree_map(where_finite, new_state.inner, state.inner),
-                # a tree_map over a tuple is a tuple; optree types trees as its nominal PyTree class,
-                # which no tuple is to a type checker
-                cast(
-                    tuple,
-                    optree.tree_map(where_finite, new_state.sections, state.sections),  # type: ignore[arg-type]
-                ),
-                layout,
-            )
-        return new_leaves, new_state
+        return new_leaves, keep_where_finite(finite, new_state, state, xp)
 
     def _velocity_bound(self, layout: Layout) -> float | None:
         """b ≥ the magnitude of every entry of this step's velocity, from the transform's ``bound`` rule (a
@@ -437,44 +400,6 @@ class RiemannianOptimizer:
             return tuple(out)
 
         return rotate
-
-
-def finiteness(on_nonfinite: str, layout: Layout, gleaves: list, packed: list, xp: Any) -> Array | bool | None:
-    """Whether every gradient is finite, for the policy ``on_nonfinite``: a Python bool when the value
-    may be read to the host (eager, :func:`geoarray.set_host_reads`), a 0-d boolean array to mask with
-    otherwise, None for no check. Checked on the packed groups, so a tree of many leaves costs a few
-    reductions (369 ViT leaves: 2), not one per leaf; ``"raise"`` checks per leaf to name the culprits
-    (a host read by design). Shared by every optimizer that has the policy."""
-    if on_nonfinite == "ignore":
-        return None
-    if on_nonfinite == "raise":
-        flags = [xp.all(xp.isfinite(g)) for g in gleaves]
-        bad = [p for f, p in zip(flags, layout.paths, strict=True) if not bool(f)]
-        if bad:
-            raise FloatingPointError(f"non-finite gradient for {', '.join(bad)}; parameters and state unchanged")
-        return None
-    if _readable(packed[0]):
-        return _backend.all_finite_on_host(packed, xp)
-    finite = None
-    for G in packed:
-        flag = _backend.all_finite(G, xp)
-        finite = flag if finite is None else xp.logical_and(finite, flag)
-    return finite
-
-
-def warn_skipped(before: Any, after: Any) -> None:
-    """Warn at the first skipped eager update of a state's history (``before.skipped`` is zero; traced
-    updates cannot warn: ``state.skipped`` counts them)."""
-    if int(before.skipped) != 0:
-        return
-    skipped = int(after.skipped)
-    warnings.warn(
-        f"{skipped} of {int(after.step) + skipped} optimizer updates were skipped because a gradient was not "
-        "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
-        "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
-        NonFiniteGradientWarning,
-        stacklevel=4,
-    )
 
 
 def riemannian(
