@@ -23,7 +23,7 @@ from typing import Any
 import optree
 import torch
 
-__all__ = ["agree_on_step", "check_skip_together"]
+__all__ = ["agree_on_step", "check_skip_together", "keep_where_taken"]
 
 
 def check_skip_together(group: dict, gi: Any) -> None:
@@ -68,15 +68,26 @@ def agree_on_step(results: list, device: torch.device) -> list:
             took = took * (r[3].skipped == r[2].skipped).to(device=device, dtype=torch.int32)
     dist.all_reduce(took, op=dist.ReduceOp.MIN)
     every = took.bool()
-    out: list = []
-    for r in results:
-        if r is None:
-            out.append(None)
-            continue
-        leaves, new, old, new_state = r
-        values = [torch.where(every.to(n.device), n, o) for n, o in zip(new, leaves, strict=True)]
-        kept: Any = optree.tree_map(lambda n, o: torch.where(every.to(n.device), n, o), new_state, old)
-        # a cohort that skipped on its own counted the step already: count each skipped step once
-        missed = (1 - took).to(device=old.skipped.device, dtype=old.skipped.dtype)
-        out.append((values, kept._replace(skipped=old.skipped + missed)))
-    return out
+    return [None if r is None else keep_where_taken(every, r[0], r[1], r[2], r[3], count_skip=True) for r in results]
+
+
+def keep_where_taken(
+    taken: torch.Tensor, leaves: list, new: list, old_state: Any, new_state: Any, *, count_skip: bool
+) -> tuple[list, Any]:
+    """The new values and state where ``taken`` (a 0-d bool tensor), the old ones elsewhere, selected on
+    each tensor's device: no host read. The one selection of every step that is taken or not as a whole —
+    the ranks' agreement (:func:`agree_on_step`, and FSDP's in ``_dtensor.Views.agree``) and a GradScaler's
+    skip (``_grad_scaler``). With ``count_skip`` a step not taken is counted in ``skipped`` once
+    (``old + 1``: a cohort whose core skipped by itself had counted it already); without, the count is
+    selected like the rest (the scaler's skip is not the core's to count)."""
+
+    def keep(n: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return torch.where(taken.to(n.device), n, o)
+
+    values = [keep(n, o) for n, o in zip(new, leaves, strict=True)]
+    if not count_skip:
+        return values, optree.tree_map(keep, new_state, old_state)
+    # the count is left out of the selection (None is an empty subtree) and counted instead
+    kept: Any = optree.tree_map(keep, new_state._replace(skipped=None), old_state._replace(skipped=None))
+    old = old_state.skipped
+    return values, kept._replace(skipped=old + torch.logical_not(taken).to(device=old.device, dtype=old.dtype))

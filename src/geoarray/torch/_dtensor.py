@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from ._agreement import keep_where_taken
 from .parameter import ManifoldParameter, manifold_of
 
 __all__ = ["Views", "fully_shard", "views"]
@@ -302,12 +303,7 @@ class Views:
         mesh = self.params[own].device_mesh
         for d in range(mesh.ndim):
             dist.all_reduce(took, op=dist.ReduceOp.MIN, group=mesh.get_group(d))
-        every = took.bool()
-        new = [torch.where(every, n, o) for n, o in zip(new, self.leaves, strict=True)]
-        import optree
-
-        kept: Any = optree.tree_map(lambda n, o: torch.where(every, n, o), new_state, old_state)
-        return new, kept._replace(skipped=old_state.skipped + (1 - took).to(old_state.skipped.dtype))
+        return keep_where_taken(took.bool(), self.leaves, new, old_state, new_state, count_skip=True)
 
     def write(self, new: list) -> None:
         targets, values = [], []

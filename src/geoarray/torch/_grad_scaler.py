@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import optree
 import torch
 
 from .._backend import host_reads_allowed
@@ -39,7 +38,6 @@ from ._dtensor import _dtensor_type
 
 __all__ = [
     "core_skips_itself",
-    "keep_where_found",
     "poison_where_found",
     "restore_skipped",
     "scaler_flags",
@@ -100,12 +98,3 @@ def zero_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torc
         s = skip.to(g.device)
         out.append(torch.where(s, torch.zeros((), dtype=g.dtype, device=g.device), g))
     return out
-
-
-def keep_where_found(
-    skip: torch.Tensor, leaves: list[torch.Tensor], new: list[torch.Tensor], state: Any, new_state: Any
-) -> tuple[list[torch.Tensor], Any]:
-    """The old values and state where ``skip``, the new ones elsewhere (selected on the device)."""
-    values = [torch.where(skip.to(n.device), o, n) for n, o in zip(new, leaves, strict=True)]
-    kept = optree.tree_map(lambda n, o: torch.where(skip.to(n.device), o, n), new_state, state)
-    return values, kept

@@ -77,10 +77,9 @@ from .._backend import host_reads_allowed
 from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor
-from ._agreement import agree_on_step, check_skip_together
+from ._agreement import agree_on_step, check_skip_together, keep_where_taken
 from ._grad_scaler import (
     core_skips_itself,
-    keep_where_found,
     poison_where_found,
     restore_skipped,
     scaler_flags,
@@ -564,7 +563,7 @@ class Optimizer(torch.optim.Optimizer):
                 if itself:
                     state = restore_skipped(skip, cohort.state, state)
                 else:
-                    new, state = keep_where_found(skip, leaves, new, cohort.state, state)
+                    new, state = keep_where_taken(~skip, leaves, new, cohort.state, state, count_skip=False)
             if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
                 new, state = sharded.agree(cohort.state, new, state)
             # torch.compile shows every group with capturable=True while it traces (param_groups.NOT_IN_KEY):
