@@ -114,7 +114,7 @@ def keep_where_finite(finite: Array | None, new_state: Any, old_state: Any, xp: 
         return new_state
     keep = chooser(finite, xp)
     # the count is left out of the selection (None is an empty subtree) and counted instead
-    masked = optree.tree_map(keep, new_state._replace(skipped=None), old_state._replace(skipped=None))
+    masked: Any = optree.tree_map(keep, new_state._replace(skipped=None), old_state._replace(skipped=None))
     count = old_state.skipped
     return masked._replace(skipped=_backend.as_array(count + xp.astype(xp.logical_not(finite), count.dtype)))
 

@@ -67,7 +67,7 @@ class _Node(torch.nn.Module):
         super().__setattr__(name, value)
         m = self.__dict__.get("_manifold_of", {}).get(name)
         if m is not None and isinstance(value, torch.nn.Parameter) and getattr(value, "manifold", None) is None:
-            value.manifold = m
+            value.manifold = m  # type: ignore[attr-defined]  # the attribute ManifoldParameter reads
 
     def forward(self, *args: Any) -> Any:  # pragma: no cover - a container, never called
         raise RuntimeError("a parameter container is not callable")
