@@ -16,8 +16,8 @@ virtualenv and pip otherwise; each session logs its setup time (venv and install
 slowest tests.
 
 ``nox -t cpu`` (what .ci/run runs) holds the four backends and ``docs-fast``, so a broken docstring, an
-unresolved cross-reference or an undocumented public name fails CI (about 2 minutes: installing torch,
-JAX and the Sphinx stack, and a build of about 45 s). ``docs`` (the gallery's scripts, minutes) and
+unresolved cross-reference or an undocumented public name fails CI (about a minute with uv: 7 s of installs
+once the test sessions filled uv's cache, a build of about 50 s). ``docs`` (the gallery's scripts, minutes) and
 ``package`` (a second venv) are not part of it; their fast parts are: tests/test_public_docs.py fails
 every backend session on a public name without a docstring, and tests/test_packaging.py checks the
 metadata and that the wheel's file list holds the package.
@@ -92,8 +92,9 @@ def _gpu_env(tag: str) -> dict[str, str]:
 
 
 def _compiler_env(backend: str, tag: str, cache_dir: str) -> dict[str, str]:
-    """How the JAX sessions compile. Their time is mostly XLA compiling the tests' many small programs once
-    each (every eager operation of a new shape is one: ~10,000 in the CPU session), so:
+    """How the JAX sessions compile. Much of their time is XLA compiling the tests' many small programs, each
+    once (every eager operation of a new shape is one: 11,047 compilations in the CPU session, 398 s of its two
+    workers' ~1,240 s, with the settings below), so:
 
     * on the CPU, XLA at optimisation level 0 and without its fusion emitters, which compile faster than
       they lose running the tests: one eager operation 21 ms to compile against 40 ms at level 0 alone and
