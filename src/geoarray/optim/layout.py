@@ -18,13 +18,19 @@ transformer: Brantner, *Generalizing Adam to Manifolds for Efficiently Training 
 Table 2 is about this batching); Euclidean leaves of one dtype and device are raveled into one
 vector (``ravel_euclidean=True``) or, for optimizers that need their matrix shape (Muon), stacked
 by shape like manifold leaves. float16/bfloat16 leaves are packed in float32 and cast back.
+
+The state follows the groups: one value per group. :func:`leaf_states` gives each leaf its part of it
+(``{path: {"step": ..., "exp_avg": ...}}``), the fields named by the states themselves (:func:`per_leaf`
+on a transform's state type, ``per_group_fields`` on an optimizer's state): ``geoarray.torch``'s
+``opt.state[p]`` is this.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import optree
 
@@ -41,18 +47,25 @@ __all__ = [
     "Layout",
     "LeafPath",
     "check_inputs",
+    "declared_nodes",
     "flatten_manifolds",
     "flatten_params",
     "half_dtype",
     "inputs",
     "is_manifold_leaf",
     "leaf_path",
+    "leaf_piece",
+    "leaf_states",
     "make_layout",
     "pack",
+    "per_leaf",
+    "per_leaf_fields",
     "unpack",
 ]
 
 from .._typing import Array
+
+_T = TypeVar("_T")
 
 #: how a group's leaves become one array: the single leaf as it is, stacked on a new leading axis,
 #: or raveled and concatenated (Euclidean leaves)
@@ -232,6 +245,84 @@ def unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> No
         parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
         for i, part in zip(group.indices, parts, strict=True):
             out[i] = xp.reshape(part, shapes[i])
+
+
+def leaf_piece(group: Group, value: Any, j: int, shapes: tuple) -> Any:
+    """The part of a group's packed ``value`` that belongs to leaf ``j`` of the tree: the value itself for
+    a single leaf, its row ``k`` (of every array, for a pytree such as a horizontal element) for the k-th
+    of stacked leaves, the leaf's slice reshaped to its shape for raveled ones. What :func:`unpack` writes
+    for ``j``, for any per-group value of a state (a moment, a buffer), without the cast back to a
+    half-precision dtype: the state keeps float32."""
+    if j not in group.indices:
+        raise ValueError(f"leaf {j} is not in this group (its leaves: {group.indices})")
+    if group.packing == AS_IS:
+        return value
+    if group.packing == STACKED:
+        k = group.indices.index(j)
+        return optree.tree_map(lambda a: a[k, ...], value)
+    offset = 0
+    for i in group.indices:
+        size = math.prod(shapes[i])
+        if i == j:
+            return array_namespace(value).reshape(value[offset : offset + size], shapes[j])
+        offset += size
+    raise AssertionError("unreachable: j is in group.indices")
+
+
+_PER_LEAF: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def per_leaf(*fields: tuple[str, str]) -> Callable[[_T], _T]:
+    """Class decorator of a transform's state (a NamedTuple): ``fields`` are ``(field, name)`` pairs, each
+    a field holding one value per parameter group and the name its per-leaf part goes by in
+    :func:`leaf_states` (torch's, where torch has one: ``exp_avg``, ``momentum_buffer``)."""
+
+    def register(cls: _T) -> _T:
+        _PER_LEAF[cls] = fields  # type: ignore[index]
+        return cls
+
+    return register
+
+
+def per_leaf_fields(node: Any) -> tuple[tuple[str, str], ...]:
+    """The ``(field, name)`` pairs that ``node``'s type declared with :func:`per_leaf` (none: ``()``)."""
+    return _PER_LEAF.get(type(node), ())
+
+
+def declared_nodes(tree: Any) -> Iterator[Any]:
+    """The transform states inside ``tree`` (a chain's tuple, nested chains, wrappers) whose type declares
+    fields holding one value per parameter group (:func:`per_leaf`), such as
+    :class:`~geoarray.optim.transforms.ScaleByAdamState`."""
+    if isinstance(tree, tuple):
+        if type(tree) in _PER_LEAF:
+            yield tree
+        for child in tree:
+            yield from declared_nodes(child)
+
+
+def leaf_states(state: Any) -> dict[str, dict[str, Any]]:
+    """Each parameter leaf's part of an optimizer state: ``{path: {"step": ..., name: array, ...}}``.
+
+    The state keeps one value per *group* of leaves (stacked or raveled, :func:`pack`); this cuts each
+    out per leaf with :func:`leaf_piece`. Which fields hold such values is declared by the state
+    itself: ``state.per_group_fields()`` yields ``(name, values, groups)`` (the Riemannian optimizers:
+    every field that a transform's state declares with :func:`per_leaf`; manifold Muon: its momentum
+    buffers),
+    and the names are torch's where it has one (``exp_avg``, ``momentum_buffer``). The arrays are views
+    or slices of the state's, as the backend makes them: read, do not write. For a manifold leaf the
+    moments live in g^hor (a horizontal element), not in the leaf's shape. ``geoarray.torch``'s
+    ``opt.state[p]`` is this. A state without ``per_group_fields`` (``partition``'s) gives ``{}``."""
+    fields = getattr(state, "per_group_fields", None)
+    if fields is None:
+        return {}
+    layout = state.layout
+    out: dict[str, dict[str, Any]] = {path: {"step": state.step} for path in layout.paths}
+    for name, values, groups in fields():
+        for value, g in zip(values, groups, strict=True):
+            group = layout.groups[g]
+            for j in group.indices:
+                out[layout.paths[j]][name] = leaf_piece(group, value, j, layout.shapes)
+    return out
 
 
 def inputs(layout: Layout, params: Any, grads: Any, *, check: bool = True) -> tuple[list, list, Any]:

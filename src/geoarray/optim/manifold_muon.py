@@ -27,6 +27,7 @@ own dtype, and ``ns_dtype`` chooses the precision of its Newton–Schulz iterati
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import optree
@@ -66,6 +67,20 @@ class ManifoldMuonState(NamedTuple):
     duals: tuple  # per group: the Stiefel dual variable P (..., n, n), or NoDual()
     muon: Any  # the Muon transform's state over the Euclidean matrix groups
     layout: Layout  # paths, shapes and groups of the tree (geoarray.optim.layout)
+
+    def per_group_fields(self) -> Iterator[tuple[str, tuple, tuple[int, ...]]]:
+        """``(name, values, groups)``: the manifold groups' momentum buffers, and the fields of the Muon
+        state over the Euclidean groups that it declares per group (:func:`~geoarray.optim.layout.per_leaf`); what
+        :func:`~geoarray.optim.layout.leaf_states` cuts per leaf."""
+        groups = self.layout.groups
+        manifold = tuple(g for g, group in enumerate(groups) if not group.manifold.is_vector_space)
+        euclid = tuple(g for g, group in enumerate(groups) if group.manifold.is_vector_space)
+        yield "momentum_buffer", tuple(self.buffers[g] for g in manifold), manifold
+        for node in _layout.declared_nodes(self.muon):
+            for field, name in _layout.per_leaf_fields(node):
+                value = getattr(node, field)
+                if isinstance(value, tuple) and len(value) == len(euclid):
+                    yield name, value, euclid
 
 
 class ManifoldMuon:

@@ -34,6 +34,7 @@ from .._backend import array_namespace
 from ..manifolds.grassmann import Grassmann
 from ..manifolds.spectral import is_number
 from ..manifolds.stiefel import Stiefel
+from . import layout as _layout
 from .layout import leaf_path
 from .transforms import GradientTransformation, check_nonnegative, check_unit_interval
 
@@ -68,6 +69,7 @@ class NewtonSchulzState(NamedTuple):
     """No state: the orthogonalisation is memoryless."""
 
 
+@_layout.per_leaf(("mu", "momentum_buffer"))
 class ScaleByMuonState(NamedTuple):
     """``mu``: the EMA momentum buffer B_t, a tree like the parameters."""
 

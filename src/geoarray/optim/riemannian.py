@@ -86,7 +86,7 @@ devices against the state's layout; skipped with ``check=False`` by adapters tha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -132,6 +132,17 @@ class RiemannianState(NamedTuple):
     inner: Any  # the transform's state, over the tuple of lifted parameter groups
     sections: tuple  # per group: the carried section ("transported"), RotatedFrame ("rotated") or NoSection()
     layout: Layout  # paths, shapes and groups of the tree (geoarray.optim.layout)
+
+    def per_group_fields(self) -> Iterator[tuple[str, tuple, tuple[int, ...]]]:
+        """``(name, values, groups)`` for every field of the transform's state that holds one value per
+        parameter group, as its state declares them (:func:`~geoarray.optim.layout.per_leaf`): what
+        :func:`~geoarray.optim.layout.leaf_states` cuts per leaf."""
+        groups = tuple(range(len(self.layout.groups)))
+        for node in _layout.declared_nodes(self.inner):
+            for field, name in _layout.per_leaf_fields(node):
+                value = getattr(node, field)
+                if isinstance(value, tuple) and len(value) == len(groups):  # () where nothing is stored
+                    yield name, value, groups
 
 
 class RiemannianOptimizer:

@@ -16,6 +16,7 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
+from . import layout as _layout
 from .transforms import (
     EmptyState,
     GradientTransformation,
@@ -37,6 +38,7 @@ from .._typing import Array
 # ---------------------------------------------------------------------------------------------
 
 
+@_layout.per_leaf(("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"), ("max_exp_avg_sq", "max_exp_avg_sq"))
 class ScaleByTorchAdamState(NamedTuple):
     """State of :func:`scale_by_torch_adam`: torch.optim.Adam's buffers under torch's names."""
 
@@ -46,6 +48,7 @@ class ScaleByTorchAdamState(NamedTuple):
     max_exp_avg_sq: Any  # max_{s≤t} v_s with amsgrad, else () (nothing stored)
 
 
+@_layout.per_leaf(("momentum_buffer", "momentum_buffer"))
 class ScaleBySGDState(NamedTuple):
     """State of :func:`scale_by_torch_sgd`: the step count and torch.optim.SGD's momentum buffer."""
 

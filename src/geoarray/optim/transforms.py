@@ -32,6 +32,7 @@ import optree
 from .. import _backend
 from .._backend import array_namespace
 from ..manifolds.horizontal import HorizontalElement
+from . import layout as _layout
 from .schedules import as_schedule, check_positive
 
 __all__ = [
@@ -91,6 +92,7 @@ class EmptyState(NamedTuple):
     """The state of a stateless transform."""
 
 
+@_layout.per_leaf(("mu", "mu"), ("nu", "nu"))
 class ScaleByAdamState(NamedTuple):
     """State of :func:`scale_by_adam`: the step count and the moments B₁, B₂ of eq. 5."""
 
@@ -99,6 +101,7 @@ class ScaleByAdamState(NamedTuple):
     nu: Any  # B₂: bias-corrected second moment (eq. 5)
 
 
+@_layout.per_leaf(("trace", "momentum_buffer"))
 class ScaleByMomentumState(NamedTuple):
     """State of :func:`scale_by_momentum`: the momentum cache of eq. 8."""
 

@@ -38,60 +38,11 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import optree
 import torch
 
-from ..manifolds.horizontal import HorizontalElement
-from ..optim.layout import AS_IS, STACKED
-from ..optim.manifold_muon import ManifoldMuonState
-from ..optim.muon import ScaleByMuonState
-from ..optim.riemannian import RiemannianState
-from ..optim.torch_rules import ScaleBySGDState, ScaleByTorchAdamState
-from ..optim.transforms import ScaleByAdamState, ScaleByMomentumState
+from ..optim.layout import leaf_states
 
 __all__ = ["StateView"]
-
-# (state type, field, torch's name): per-group tuples found anywhere in a core's transform state
-_FIELDS = (
-    (ScaleByTorchAdamState, "exp_avg", "exp_avg"),
-    (ScaleByTorchAdamState, "exp_avg_sq", "exp_avg_sq"),
-    (ScaleByTorchAdamState, "max_exp_avg_sq", "max_exp_avg_sq"),
-    (ScaleBySGDState, "momentum_buffer", "momentum_buffer"),
-    (ScaleByMomentumState, "trace", "momentum_buffer"),
-    (ScaleByAdamState, "mu", "mu"),
-    (ScaleByAdamState, "nu", "nu"),
-)
-
-
-def _named_nodes(tree: Any) -> Iterator[Any]:
-    """NamedTuple states inside a transform state (a chain's tuple, nested chains, wrappers)."""
-    if isinstance(tree, tuple) and not isinstance(tree, HorizontalElement):
-        if hasattr(tree, "_fields"):
-            yield tree
-        for child in tree:
-            yield from _named_nodes(child)
-
-
-def _piece(value: Any, group: Any, j: int, shapes: tuple) -> Any:
-    """The part of a group's value (array or horizontal element) that belongs to leaf ``j``."""
-    if group.packing == AS_IS:
-        return value
-    if group.packing == STACKED:
-        k = group.indices.index(j)
-        return optree.tree_map(lambda a: a[k], value)
-    offset = 0
-    for i in group.indices:
-        size = 1
-        for s in shapes[i]:
-            size *= s
-        if i == j:
-            return value[offset : offset + size].reshape(shapes[j])
-        offset += size
-    raise KeyError(j)
-
-
-def _layout(cohort: Any) -> Any:
-    return cohort.state.layout  # the core keeps the layout of the tree in its state
 
 
 class StateView(Mapping):
@@ -118,31 +69,10 @@ class StateView(Mapping):
         if found is None:
             return {}
         _, cohort, j = found
-        if not isinstance(cohort.state, (RiemannianState, ManifoldMuonState)):
-            return {}  # another core's state (geoarray.optim.partition): not mapped
-        layout = _layout(cohort)
-        g = next(k for k, group in enumerate(layout.groups) if j in group.indices)
-        group, state = layout.groups[g], cohort.state
-        out: dict = {}
-        if isinstance(state, RiemannianState):
-            out["step"] = state.step
-            for node in _named_nodes(state.inner):
-                for cls, field, name in _FIELDS:
-                    if isinstance(node, cls):
-                        value = getattr(node, field)
-                        if isinstance(value, tuple) and len(value) == len(layout.groups):
-                            out[name] = _piece(value[g], group, j, layout.shapes)
-        elif isinstance(state, ManifoldMuonState):
-            out["step"] = state.step
-
-            if group.manifold.is_vector_space:
-                euclid = [k for k, grp in enumerate(layout.groups) if grp.manifold.is_vector_space]
-                muon = [n for n in _named_nodes(state.muon) if isinstance(n, ScaleByMuonState)]
-                if muon:
-                    out["momentum_buffer"] = _piece(muon[0].mu[euclid.index(g)], group, j, layout.shapes)
-            else:
-                out["momentum_buffer"] = _piece(state.buffers[g], group, j, layout.shapes)
-        return out
+        # the core cuts its grouped state per leaf (geoarray.optim.layout.leaf_states); another core's
+        # state (geoarray.optim.partition) declares no per-group fields and reads {}
+        per_leaf = leaf_states(cohort.state)
+        return per_leaf[cohort.state.layout.paths[j]] if per_leaf else {}
 
     def __contains__(self, p: object) -> bool:
         return id(p) in self._where()

@@ -1,0 +1,130 @@
+"""``geoarray.optim.layout.leaf_states``: each parameter leaf's part of an optimizer's grouped state.
+
+The state keeps one value per group of leaves (same-shaped manifold leaves stacked, Euclidean leaves
+raveled); ``leaf_states`` cuts it per leaf, the fields named by the state's own declarations (what
+the transform states declare with ``layout.per_leaf``, manifold Muon's buffers). The property checked
+on every backend: the per-leaf pieces pack back into the grouped value bit for bit, for stacked, single and raveled
+groups, Riemannian and manifold-Muon states; the names are the declared ones; ``step`` is the state's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import to_numpy
+from geoarray import _backend, optim
+from geoarray.manifolds import Stiefel
+from geoarray.optim import layout as _layout
+
+
+def _tree(xp, device):
+    """Three Stiefel(6, 3) leaves (one stacked group), one Stiefel(5, 2) (a group of its own) and three
+    Euclidean matrices (raveled for the Riemannian optimizers, stacked by shape for manifold Muon)."""
+    rnd = geoarray.random
+    params = {
+        "Y": [Stiefel(6, 3).random(k, xp=xp, device=device) for k in range(3)],
+        "Z": Stiefel(5, 2).random(7, xp=xp, device=device),
+        "w": [rnd.normal(8, (4, 3), xp=xp, device=device), rnd.normal(9, (4, 3), xp=xp, device=device)],
+        "b": rnd.normal(10, (2, 5), xp=xp, device=device),
+    }
+    mans = {"Y": [Stiefel(6, 3)] * 3, "Z": Stiefel(5, 2), "w": [None, None], "b": None}
+    return params, mans
+
+
+def _grads(params, k):
+    leaves, spec = optree.tree_flatten(params)
+    xp = _backend.array_namespace(*leaves)
+    out = [
+        geoarray.random.normal(100 + 10 * k + i, tuple(x.shape), xp=xp, dtype=x.dtype, device=_backend.device(x))
+        for i, x in enumerate(leaves)
+    ]
+    return optree.tree_unflatten(spec, out)
+
+
+def _repack(group, pieces, xp):
+    """The test's inverse of leaf_piece: a single leaf's value as it is, stacked leaves stacked (every
+    array of a pytree such as a horizontal element), raveled leaves raveled and concatenated."""
+    if group.packing == _layout.AS_IS:
+        (piece,) = pieces
+        return piece
+    if group.packing == _layout.STACKED:
+        return optree.tree_map(lambda *a: xp.stack(a, axis=0), *pieces)
+    return xp.concat([xp.reshape(p, (-1,)) for p in pieces], axis=0)
+
+
+def _same(a, b):
+    la, lb = optree.tree_leaves(a), optree.tree_leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(la, lb, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("make", "names"),
+    [
+        (lambda: optim.Adam(1e-2), {"mu", "nu"}),
+        (lambda: optim.Momentum(1e-2), {"momentum_buffer"}),
+        (lambda: optim.ManifoldMuon(lr=1e-2), {"momentum_buffer"}),
+    ],
+    ids=["Adam", "Momentum", "ManifoldMuon"],
+)
+def test_leaf_pieces_pack_back_into_the_grouped_state(xp, device, make, names):
+    opt = make()
+    params, mans = _tree(xp, device)
+    state = opt.init(params, mans)
+    for k in range(2):
+        params, state = opt.update(params, _grads(params, k), state)
+    layout = state.layout
+    per_leaf = _layout.leaf_states(state)
+    assert set(per_leaf) == set(layout.paths)
+    packings = {group.packing for group in layout.groups}
+    assert _layout.STACKED in packings and _layout.AS_IS in packings, packings  # the tree exercises both
+    for path in layout.paths:
+        assert set(per_leaf[path]) == {"step", *names}, (path, set(per_leaf[path]))
+        assert int(per_leaf[path]["step"]) == int(state.step) == 2
+    checked = 0
+    for name, values, groups in state.per_group_fields():
+        for value, g in zip(values, groups, strict=True):
+            group = layout.groups[g]
+            pieces = [per_leaf[layout.paths[j]][name] for j in group.indices]
+            for j, piece in zip(group.indices, pieces, strict=True):
+                if group.manifold.is_vector_space and optree.tree_leaves(piece):
+                    assert tuple(optree.tree_leaves(piece)[0].shape) == layout.shapes[j]  # the leaf's shape
+            assert _same(_repack(group, pieces, xp), value), (name, g, group.packing)
+            checked += 1
+    assert checked >= len(layout.groups) - 1  # ManifoldMuon's Euclidean buffers live in its Muon state
+
+
+def test_raveled_euclidean_leaves_are_cut_to_their_shapes(xp, device):
+    """Adam ravels the Euclidean leaves of one dtype into one vector: each leaf's moments come back in
+    the leaf's own shape, equal to the vector's slice."""
+    params, mans = _tree(xp, device)
+    opt = optim.Adam(1e-2)
+    state = opt.init(params, mans)
+    params, state = opt.update(params, _grads(params, 0), state)
+    layout = state.layout
+    raveled = [g for g, group in enumerate(layout.groups) if group.packing == _layout.RAVELED]
+    assert len(raveled) == 1 and len(layout.groups[raveled[0]].indices) == 3
+    per_leaf = _layout.leaf_states(state)
+    for j in layout.groups[raveled[0]].indices:
+        assert tuple(per_leaf[layout.paths[j]]["mu"].shape) == layout.shapes[j]
+
+
+def test_a_state_without_per_group_fields_has_no_leaf_states(xp, device):
+    """``partition``'s state holds its members' states, each with its own layout: it declares no per-group
+    fields of its own, and reads {} (as geoarray.torch's opt.state[p] does for such a core)."""
+    params, mans = _tree(xp, device)
+    labels = {"Y": ["a"] * 3, "Z": "a", "w": ["b", "b"], "b": "b"}
+    opt = optim.partition({"a": optim.Adam(1e-2), "b": optim.Momentum(1e-2)}, labels)
+    state = opt.init(params, mans)
+    assert _layout.leaf_states(state) == {}
+
+
+def test_leaf_piece_refuses_a_leaf_of_another_group(xp, device):
+    params, mans = _tree(xp, device)
+    state = optim.Adam(1e-2).init(params, mans)
+    group = state.layout.groups[0]
+    other = next(j for j in range(len(state.layout.paths)) if j not in group.indices)
+    with pytest.raises(ValueError, match=f"leaf {other} is not in this group"):
+        _layout.leaf_piece(group, None, other, state.layout.shapes)
