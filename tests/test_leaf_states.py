@@ -121,6 +121,23 @@ def test_a_state_without_per_group_fields_has_no_leaf_states(xp, device):
     assert _layout.leaf_states(state) == {}
 
 
+def test_one_leafs_state_is_its_entry_of_all_and_a_bad_index_is_refused(xp, device):
+    """``leaf_state(state, j)`` (what ``opt.state[p]`` reads: one leaf's pieces, not the whole group's)
+    equals ``leaf_states(state)[path_j]`` bit for bit; an index outside the tree is a ValueError naming it."""
+    params, mans = _tree(xp, device)
+    opt = optim.Adam(1e-2)
+    state = opt.init(params, mans)
+    params, state = opt.update(params, _grads(params, 0), state)
+    every = _layout.leaf_states(state)
+    for j, path in enumerate(state.layout.paths):
+        one = _layout.leaf_state(state, j)
+        assert set(one) == set(every[path]) and all(_same(one[k], every[path][k]) for k in one)
+    n = len(state.layout.paths)
+    for bad in (n, -1, True, 1.0):
+        with pytest.raises(ValueError, match=rf"j must be a leaf index in \[0, {n}\)"):
+            _layout.leaf_state(state, bad)
+
+
 def test_leaf_piece_refuses_a_leaf_of_another_group(xp, device):
     params, mans = _tree(xp, device)
     state = optim.Adam(1e-2).init(params, mans)

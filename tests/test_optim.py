@@ -591,6 +591,23 @@ def test_masked_skip_equals_the_eager_host_branch(xp, device, monkeypatch):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
+@pytest.mark.parametrize(
+    "make", [lambda: optim.Adam(1e-2), lambda: optim.ManifoldMuon(lr=1e-2)], ids=["Adam", "ManifoldMuon"]
+)
+def test_the_first_skipped_step_warns_at_the_callers_line(xp, device, host_reads_policy, make):
+    """The NonFiniteGradientWarning of a first skipped eager step points at the user's call of ``update``
+    (this file), for both optimizers that share the policy (geoarray.optim.nonfinite)."""
+    host_reads_policy("always")  # the warning needs the flag on the host
+    params, mans, grads = _mixed_problem(xp, device)
+    g = grads(params)
+    bad = {"Y": g["Y"], "w": [g["w"][0] * float("nan")]}
+    opt = make()
+    state = opt.init(params, mans)
+    with pytest.warns(optim.NonFiniteGradientWarning) as caught:
+        opt.update(params, bad, state)
+    assert [w.filename for w in caught] == [__file__], [w.filename for w in caught]
+
+
 def test_nonfinite_gradients_skip_or_raise(xp, device, host_reads_policy):
     host_reads_policy("always")  # the warning reads the flag (a GPU's default counts without warning)
     params, mans, grads = _mixed_problem(xp, device)

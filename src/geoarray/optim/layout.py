@@ -20,9 +20,9 @@ vector (``ravel_euclidean=True``) or, for optimizers that need their matrix shap
 by shape like manifold leaves. float16/bfloat16 leaves are packed in float32 and cast back.
 
 The state follows the groups: one value per group. :func:`leaf_states` gives each leaf its part of it
-(``{path: {"step": ..., "exp_avg": ...}}``), the fields named by the states themselves (:func:`per_leaf`
-on a transform's state type, ``per_group_fields`` on an optimizer's state): ``geoarray.torch``'s
-``opt.state[p]`` is this.
+(``{path: {"step": ..., "exp_avg": ...}}``; one leaf's: :func:`leaf_state`), the fields named by the
+states themselves (:func:`per_leaf` on a transform's state type, ``per_group_fields`` on an optimizer's
+state): ``geoarray.torch``'s ``opt.state[p]`` is :func:`leaf_state`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "is_manifold_leaf",
     "leaf_path",
     "leaf_piece",
+    "leaf_state",
     "leaf_states",
     "make_layout",
     "pack",
@@ -300,29 +301,40 @@ def declared_nodes(tree: Any) -> Iterator[Any]:
             yield from declared_nodes(child)
 
 
-def leaf_states(state: Any) -> dict[str, dict[str, Any]]:
-    """Each parameter leaf's part of an optimizer state: ``{path: {"step": ..., name: array, ...}}``.
+def leaf_state(state: Any, j: int) -> dict[str, Any]:
+    """Leaf ``j``'s part of an optimizer state: ``{"step": ..., name: array, ...}``, or ``{}`` for a state
+    that declares no per-group fields (``partition``'s).
 
-    The state keeps one value per *group* of leaves (stacked or raveled, :func:`pack`); this cuts each
-    out per leaf with :func:`leaf_piece`. Which fields hold such values is declared by the state
-    itself: ``state.per_group_fields()`` yields ``(name, values, groups)`` (the Riemannian optimizers:
-    every field that a transform's state declares with :func:`per_leaf`; manifold Muon: its momentum
-    buffers),
-    and the names are torch's where it has one (``exp_avg``, ``momentum_buffer``). The arrays are views
-    or slices of the state's, as the backend makes them: read, do not write. For a manifold leaf the
-    moments live in g^hor (a horizontal element), not in the leaf's shape. ``geoarray.torch``'s
-    ``opt.state[p]`` is this. A state without ``per_group_fields`` (``partition``'s) gives ``{}``."""
+    The state keeps one value per *group* of leaves (stacked or raveled, :func:`pack`); this cuts leaf
+    ``j``'s piece out of each with :func:`leaf_piece` (only this leaf's: reading every leaf of a group of
+    n costs n pieces, not n²). Which fields hold such values is declared by the state itself:
+    ``state.per_group_fields()`` yields ``(name, values, groups)`` (the Riemannian optimizers: every field
+    that a transform's state declares with :func:`per_leaf`; manifold Muon: its momentum buffers), and
+    the names are torch's where it has one (``exp_avg``, ``momentum_buffer``). The arrays are views or
+    slices of the state's, as the backend makes them: read, do not write. For a manifold leaf the moments
+    live in g^hor (a horizontal element), not in the leaf's shape. ``geoarray.torch``'s ``opt.state[p]``
+    is this."""
     fields = getattr(state, "per_group_fields", None)
     if fields is None:
         return {}
     layout = state.layout
-    out: dict[str, dict[str, Any]] = {path: {"step": state.step} for path in layout.paths}
+    if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(layout.paths):
+        raise ValueError(f"j must be a leaf index in [0, {len(layout.paths)}) of this state's tree, got {j!r}")
+    out: dict[str, Any] = {"step": state.step}
     for name, values, groups in fields():
         for value, g in zip(values, groups, strict=True):
             group = layout.groups[g]
-            for j in group.indices:
-                out[layout.paths[j]][name] = leaf_piece(group, value, j, layout.shapes)
+            if j in group.indices:
+                out[name] = leaf_piece(group, value, j, layout.shapes)
     return out
+
+
+def leaf_states(state: Any) -> dict[str, dict[str, Any]]:
+    """Every leaf's :func:`leaf_state`, by the leaf's path: ``{path: {"step": ..., name: array}}``
+    (``{}`` for a state that declares no per-group fields)."""
+    if getattr(state, "per_group_fields", None) is None:
+        return {}
+    return {path: leaf_state(state, j) for j, path in enumerate(state.layout.paths)}
 
 
 def inputs(layout: Layout, params: Any, grads: Any, *, check: bool = True) -> tuple[list, list, Any]:

@@ -78,20 +78,24 @@ def finiteness(on_nonfinite: str, layout: Layout, gleaves: list, packed: list, x
     return finite
 
 
-def gate(on_nonfinite: str, layout: Layout, gleaves: list, packed: list, state: Any, xp: Any) -> tuple[Any, list, Any]:
+def gate(
+    on_nonfinite: str, layout: Layout, gleaves: list, packed: list, state: Any, xp: Any, *, depth: int = 1
+) -> tuple[Any, list, Any]:
     """The policy before a step: ``(finite, packed, skipped)``.
 
     ``skipped`` is not None when the step is skipped on the host's word: it is ``state`` with its
     ``skipped`` count raised by one, to be returned with the old parameters, nothing computed.
     Otherwise ``finite`` is None (no masks needed: the flag was read and true, or the policy checks
     nothing) or a 0-d boolean array on the device, and ``packed`` are the gradients, zeroed where that
-    flag is false. ``state`` is a NamedTuple with a ``skipped`` field."""
+    flag is false. ``state`` is a NamedTuple with a ``skipped`` field. ``depth``: the frames between the
+    caller of ``gate`` and the user's call of ``update`` (1: ``gate`` is called in ``update`` itself), so
+    that the warning of a first skipped step points at the user's line."""
     finite = finiteness(on_nonfinite, layout, gleaves, packed, xp)
     if isinstance(finite, bool):
         if finite:
             return None, packed, None
         skipped = state._replace(skipped=_backend.as_array(state.skipped + 1))
-        _warn_skipped(state, skipped)
+        _warn_skipped(state, skipped, stacklevel=3 + depth)
         return None, packed, skipped
     if finite is not None:
         packed = [xp.where(finite, G, xp.zeros((), dtype=G.dtype, device=_backend.device(G))) for G in packed]
@@ -119,10 +123,10 @@ def keep_where_finite(finite: Array | None, new_state: Any, old_state: Any, xp: 
     return masked._replace(skipped=_backend.as_array(count + xp.astype(xp.logical_not(finite), count.dtype)))
 
 
-def _warn_skipped(before: Any, after: Any) -> None:
+def _warn_skipped(before: Any, after: Any, *, stacklevel: int) -> None:
     """Warn at the first skipped eager update of a state's history (``before.skipped`` is zero; traced
-    updates cannot warn: ``state.skipped`` counts them). The warning points at the caller of
-    ``RiemannianOptimizer.update`` (the frames: this, :func:`gate`, ``_step``, ``update``, the caller)."""
+    updates cannot warn: ``state.skipped`` counts them), at the user's call of ``update`` (``stacklevel``:
+    this, :func:`gate`, the optimizer's frames, the user's)."""
     if int(before.skipped) != 0:
         return
     skipped = int(after.skipped)
@@ -131,5 +135,5 @@ def _warn_skipped(before: Any, after: Any) -> None:
         "finite; parameters and optimizer state were left unchanged for those steps. state.skipped counts "
         "them; on_nonfinite='raise' stops at the first one, 'ignore' lets NaN through.",
         NonFiniteGradientWarning,
-        stacklevel=5,
+        stacklevel=stacklevel,
     )

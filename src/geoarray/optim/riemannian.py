@@ -328,7 +328,7 @@ class RiemannianOptimizer:
         # eager with host reads, the flag is read (one scalar; a retraction reads one anyway): a skipped
         # step computes nothing and a finite one needs no masks (about 30 operations); otherwise the
         # step is computed and masked (geoarray.optim.nonfinite)
-        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp)
+        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp, depth=2)
         if skipped is not None:
             return list(leaves), skipped
         step = _backend.as_array(state.step + 1)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ..optim.layout import leaf_states
+from ..optim.layout import leaf_state
 
 __all__ = ["StateView"]
 
@@ -69,10 +69,9 @@ class StateView(Mapping):
         if found is None:
             return {}
         _, cohort, j = found
-        # the core cuts its grouped state per leaf (geoarray.optim.layout.leaf_states); another core's
-        # state (geoarray.optim.partition) declares no per-group fields and reads {}
-        per_leaf = leaf_states(cohort.state)
-        return per_leaf[cohort.state.layout.paths[j]] if per_leaf else {}
+        # the core cuts this leaf's piece of its grouped state (geoarray.optim.layout.leaf_state); another
+        # core's state (geoarray.optim.partition) declares no per-group fields and reads {}
+        return leaf_state(cohort.state, j)
 
     def __contains__(self, p: object) -> bool:
         return id(p) in self._where()
