@@ -44,7 +44,7 @@ def test_gauge_without_safetensors_is_one_line(lm_file, monkeypatch, capsys, tmp
     assert main(["gauge", "check", "--checkpoint", str(lm_file), "--numerical", "no"]) == 2
     assert main(["gauge", "fix", "--checkpoint", str(lm_file), "--out", str(tmp_path / "f.safetensors")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and all("geoarray[gauge]" in line for line in err), err
+    assert len(err) == 2 and all("pip install 'geoarray-ml[gauge]'" in line for line in err), err
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated"])

@@ -16,6 +16,7 @@ import geoarray
 # DESIGN.md's diagram, bottom (0) to top
 LAYERS = {
     "_typing": -1,  # the Array annotation alias (no imports)
+    "_install": -1,  # the install command of an optional dependency (no imports)
     "_backend": 0,
     "_io": 1,
     "random": 2,

@@ -4,14 +4,19 @@ commands name files that exist.
 Every ```python block of README.md and of the Markdown pages under docs/ is executed, one namespace per
 file (later blocks use earlier names). A block whose first line is ``# runs in the <kind> session`` runs
 only in that backend session (the PyTorch, JAX and NumPy-only sections); the others run in every session
-with their ``xp = np`` line pointed at the backend under test. A block's ``print(...)  # claim`` lines are
-what it must print. The FSDP2 example (``# runs in the fsdp session``) runs on two ranks in
-tests/test_torch_fsdp.py.
+with the ``np`` of their ``xp = ...np...`` line pointed at the backend under test. A block's
+``print(...)  # claim`` lines are what it must print. The FSDP2 example (``# runs in the fsdp session``)
+runs on two ranks in tests/test_torch_fsdp.py.
+
+Where the README's ``xp`` line offers a choice (``# or torch, jax.numpy, cupy, array_api_strict``), its
+block also runs with ``np`` replaced by each module offered, as a reader would edit it, for every one
+importable in the session (jax.numpy with x64 enabled, as the README says; cupy only on a GPU).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import re
 from pathlib import Path
@@ -34,10 +39,18 @@ def _runs_here(block: str, backend) -> bool:
     return match is None or match.group(1) == backend.kind
 
 
+# the line that sets the namespace: ``xp = np`` or ``xp = ga.as_namespace(np)``, with an optional comment
+_XP_LINE = re.compile(r"^xp = ([^#\n]*?)\bnp\b([^#\n]*)(#[^\n]*)?$", flags=re.M)
+
+
+def _xp_lines(blocks: list[str]) -> int:
+    return sum(len(_XP_LINE.findall(b)) for b in blocks)
+
+
 def _run_blocks(path: Path, blocks: list[str], xp) -> None:
     namespace = {"__name__": "readme", "_xp_under_test": xp}  # one file: later blocks use earlier names
     for block in blocks:
-        block = re.sub(r"^xp = np\b.*$", "xp = _xp_under_test", block, flags=re.M)
+        block = _XP_LINE.sub(r"xp = \1_xp_under_test\2", block)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(block, str(path), "exec"), namespace)
@@ -51,8 +64,54 @@ def test_readme_python_blocks_run_and_print_true(backend, xp):
     print what they claim; the PyTorch and JAX ones run in their own sessions."""
     blocks = [b for b in _python_blocks(README) if _runs_here(b, backend)]
     assert blocks, "README has no python blocks for this session"
-    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) == 1, "the quick start sets xp = np once"
+    assert _xp_lines(blocks) == 1, "the quick start sets xp from np once"
     _run_blocks(README, blocks, xp)
+
+
+def _choice_block() -> tuple[str, list[str]]:
+    """The README block whose ``xp`` line offers a choice of namespaces, and the modules offered."""
+    found = [(b, m.group(3)) for b in _python_blocks(README) for m in _XP_LINE.finditer(b) if m.group(3)]
+    assert len(found) == 1, "README offers a choice of xp in one block"
+    block, comment = found[0]
+    offered = re.fullmatch(r"#\s*or (.+)", comment.strip())
+    assert offered, f"the xp line's comment {comment!r} does not read '# or <module>, <module>, ...'"
+    return block, ["numpy", *(re.match(r"[\w.]+", c.strip()).group(0) for c in offered.group(1).split(","))]
+
+
+def _offered_module(name: str):
+    """The module a reader puts in place of ``np``; a skip when the session cannot run it."""
+    if name == "cupy":
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise RuntimeError("no device")
+        except Exception as exc:  # ImportError, CUDARuntimeError
+            pytest.skip(f"cupy: no usable CUDA GPU ({type(exc).__name__})")
+        return cupy
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip(f"{name.split('.')[0]} is not installed in this session")
+
+
+@pytest.mark.parametrize("choice", _choice_block()[1])
+def test_readme_choice_of_xp_runs_with_every_module_offered(choice):
+    """The any-array-library quick start, with ``np`` in its ``xp`` line replaced by each module its
+    comment offers (the raw module, as a reader types it), prints what it claims."""
+    block, _ = _choice_block()
+    module = _offered_module(choice)
+    x64 = None
+    if choice.startswith("jax"):
+        import jax
+
+        x64 = jax.config.jax_enable_x64  # the README asks for x64; the session's setting is restored
+        jax.config.update("jax_enable_x64", True)
+    try:
+        _run_blocks(README, [block], module)
+    finally:
+        if x64 is not None:
+            jax.config.update("jax_enable_x64", x64)
 
 
 @pytest.mark.parametrize("page", [p for p in DOCUMENTS[1:] if _python_blocks(p)], ids=lambda p: p.name)
@@ -61,7 +120,7 @@ def test_docs_python_blocks_run_and_print_what_they_claim(page, backend, xp):
     if not blocks:
         pytest.skip(f"{page.name}: no block runs in the {backend.kind} session")
     # a page that uses the tour's namespace sets it once (then that line is pointed at the backend)
-    assert sum(len(re.findall(r"^xp = np\b", b, flags=re.M)) for b in blocks) <= 1, f"{page.name} sets xp twice"
+    assert _xp_lines(blocks) <= 1, f"{page.name} sets xp twice"
     _run_blocks(page, blocks, xp)
 
 

@@ -188,9 +188,16 @@ def save_checkpoint(
     return final
 
 
-def _load_one(path: str, like_params: Any, like_state: Any) -> tuple[Any, Any, dict]:
-    from .optim.state import load_state
+class LayoutError(ValueError):
+    """An intact checkpoint whose trees do not fit ``like_params`` / ``like_state``: it was written by
+    another model or optimizer. Not damage, so a fallback to an older checkpoint (of the same run, so of
+    the same layout) would not help."""
 
+
+def _verified(path: str) -> tuple[dict[str, bytes], dict]:
+    """The files of the checkpoint ``path`` checked against its manifest, and its meta.json; damage
+    raises ``ValueError`` naming the file. Nothing here needs the trees, so the command line checks a
+    checkpoint before it builds a model."""
     mpath = os.path.join(path, MANIFEST)
     if not os.path.isfile(mpath):
         raise ValueError(f"{path!r} is not a committed geoarray checkpoint (no {MANIFEST})")
@@ -223,19 +230,57 @@ def _load_one(path: str, like_params: Any, like_state: Any) -> tuple[Any, Any, d
                 "its files do not belong together"
             )
         data[name] = raw
-    params, _ = _io.read_tree(
-        os.path.join(path, "params.npz"),
-        like_params,
-        fmt=PARAMS_FORMAT,
-        versions=(FORMAT_VERSION,),
-        what="geoarray parameter file",
-        data=data["params.npz"],
-    )
-    opt_state = load_state(os.path.join(path, "opt_state.npz"), like_state, data=data["opt_state.npz"])
     meta = _io.read_json(os.path.join(path, "meta.json"), what="checkpoint meta.json", data=data["meta.json"])
     if not isinstance(meta, dict):
         raise ValueError(f"{os.path.join(path, 'meta.json')!r} holds a {type(meta).__name__}, not an object")
+    return data, meta
+
+
+def _load_one(path: str, like_params: Any, like_state: Any) -> tuple[Any, Any, dict]:
+    from .optim.state import load_state
+
+    data, meta = _verified(path)
+    # the bytes are the ones that were saved (checked above): a tree that does not fit was written by
+    # another model or optimizer; its first line names the mismatch (the rest would be two tree dumps)
+    try:
+        params, _ = _io.read_tree(
+            os.path.join(path, "params.npz"),
+            like_params,
+            fmt=PARAMS_FORMAT,
+            versions=(FORMAT_VERSION,),
+            what="geoarray parameter file",
+            data=data["params.npz"],
+        )
+    except ValueError as exc:
+        raise LayoutError(
+            f"checkpoint {path!r} is intact but holds the parameters of another model than like_params "
+            f"({_first_line(exc)}); load it with the model that wrote it"
+        ) from None
+    try:
+        opt_state = load_state(os.path.join(path, "opt_state.npz"), like_state, data=data["opt_state.npz"])
+    except ValueError as exc:
+        raise LayoutError(
+            f"checkpoint {path!r} is intact but holds the state of another optimizer than like_state "
+            f"({_first_line(exc)}); load it with the optimizer that wrote it"
+        ) from None
     return params, opt_state, meta
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+
+
+def newest_intact(directory: str | os.PathLike) -> tuple[str | None, dict, list[tuple[str, str]]]:
+    """``(path, meta, damaged)``: the newest checkpoint of ``directory`` whose files match its manifest,
+    its meta.json, and ``(path, reason)`` of each newer damaged one; ``(None, {}, damaged)`` when none
+    is intact. The trees are not read (see :func:`_verified`)."""
+    damaged: list[tuple[str, str]] = []
+    for _, ckpt in reversed(list_checkpoints(directory)):
+        try:
+            return ckpt, _verified(ckpt)[1], damaged
+        except ValueError as exc:
+            damaged.append((ckpt, str(exc)))
+    return None, {}, damaged
 
 
 def _load(path: Any, like_params: Any, like_state: Any, fallback: bool) -> tuple[Any, Any, dict, str]:
@@ -258,6 +303,8 @@ def _load(path: Any, like_params: Any, like_state: Any, fallback: bool) -> tuple
     for _, ckpt in reversed(found):
         try:
             return (*_load_one(ckpt, like_params, like_state), ckpt)
+        except LayoutError:
+            raise  # the run's older checkpoints have the same layout: skipping to them would not help
         except ValueError as exc:
             if not fallback:
                 raise ValueError(f"{exc}; pass fallback=True to load the newest intact checkpoint instead") from None
@@ -276,7 +323,8 @@ def load_checkpoint(
     down to the newest intact one. Every file is checked against the manifest's size and SHA-256
     before it is parsed. The arrays are placed on the namespace, dtypes, devices and memory layout of
     ``like_params`` / ``like_state`` (e.g. ``model.init(...)`` and ``optimizer.init(...)``). A damaged,
-    torn or foreign checkpoint, or one of another layout, raises ``ValueError`` naming the file.
+    torn or foreign checkpoint, or one of another layout, raises ``ValueError`` naming the file; another
+    layout is not damage, so ``fallback`` does not skip it (the run's older checkpoints share it).
     """
     params, opt_state, meta, _ = _load(path, like_params, like_state, bool(fallback))
     return params, opt_state, meta

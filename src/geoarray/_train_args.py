@@ -4,8 +4,10 @@ or written, naming the argument, the value and the fix."""
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
+from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -47,6 +49,20 @@ def flag(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"fit: {name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def json_dict(value: Any, name: str) -> dict | None:
+    """``checkpoint_meta``: None, or a dict with str keys that JSON can write (checked now, not at the
+    first checkpoint)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"fit: {name} must be a dict with str keys (saved as JSON) or None, got {value!r:.200}")
+    try:
+        json.dumps(dict(value), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"fit: {name} must hold JSON values (str, numbers, bools, None, lists, dicts): {exc}") from None
+    return dict(value)
 
 
 def path_arg(value: Any, name: str, what: str) -> str | None:

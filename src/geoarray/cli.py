@@ -6,7 +6,7 @@
 
 Each command family lives in a module of :mod:`geoarray.commands` that registers its parsers here.
 Errors (a wrong option, an unknown or missing backend, a missing data file) are one line on stderr
-and exit code 2, never a traceback.
+and exit code 2, never a traceback; warnings are one line too (``geoarray train vit: warning: ...``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -66,6 +67,17 @@ def _missing_subcommand(parser: argparse.ArgumentParser, sub: Any) -> int:
     return 2
 
 
+def _one_line_warning(prog: str) -> Any:
+    """A ``warnings.showwarning`` that writes ``prog: warning: message`` as one line: a user of the command
+    line gets no source line of the library (a damaged checkpoint that ``--resume`` skips, a skipped step)."""
+    from .commands._common import one_line
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"{prog}: warning: {one_line(' '.join(str(message).split()))}", file=sys.stderr)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 on success, 2 on a usage or input error, 1 on a
     file-system error), and reports an error in one line on stderr, never a traceback."""
@@ -80,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0
+    prog = getattr(args, "prog", "geoarray")
     try:
-        return int(func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(prog)
+            return int(func(args) or 0)
     except CommandError as exc:
-        prog = getattr(args, "prog", "geoarray")
         print(f"{prog}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as exc:
@@ -91,7 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (GEOARRAY_TRACEBACK=1 shows the traceback, for a bug report)
         if os.environ.get("GEOARRAY_TRACEBACK"):
             raise
-        prog = getattr(args, "prog", "geoarray")
         print(f"{prog}: error: {one_line(' '.join(str(exc).split()))}", file=sys.stderr)
         return 1 if isinstance(exc, OSError) else 2
     except KeyboardInterrupt:

@@ -227,6 +227,7 @@ def fit(
     checkpoint_every: int | None = None,
     checkpoint_every_seconds: float | datetime.timedelta | None = None,
     checkpoint_path: str | os.PathLike | None = None,
+    checkpoint_meta: Mapping[str, Any] | None = None,
     keep: int | None = 3,
     resume: bool = False,
     progress: bool = True,
@@ -261,7 +262,10 @@ def fit(
     newest intact checkpoint in DIR (skipping damaged ones with a warning) at its epoch and step, with
     the same batches, so the result is bit-identical to an uninterrupted run, wherever the checkpoints
     fell; ``params`` and ``opt_state`` (or ``optimizer.init``) then only give the layout, dtypes and
-    devices; an empty DIR starts afresh.
+    devices; an empty DIR starts afresh. ``checkpoint_meta`` (a dict of JSON values, e.g. the
+    configuration that built the model) is saved in every checkpoint's meta.json under
+    ``"checkpoint_meta"``, for the caller to check before it resumes (:func:`load_checkpoint` returns
+    it; ``geoarray train --resume`` names the flag that differs); ``fit`` stores it and compares nothing.
     Without ``resume`` a DIR that already holds checkpoints is refused. A save that the file system
     refuses raises its ``OSError`` (naming DIR; the previous checkpoint intact) with the result up to
     that step as the exception's ``fit_result``; so does a failing write of ``out``. See the module
@@ -272,7 +276,12 @@ def fit(
     checkpoint_every = _args.positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
     checkpoint_every_seconds = _args.interval_seconds(checkpoint_every_seconds)
     keep = _args.positive_int(keep, "keep", allow_none=True)
-    for name, value in (("checkpoint_every", checkpoint_every), ("checkpoint_every_seconds", checkpoint_every_seconds)):
+    checkpoint_meta = _args.json_dict(checkpoint_meta, "checkpoint_meta")
+    for name, value in (
+        ("checkpoint_every", checkpoint_every),
+        ("checkpoint_every_seconds", checkpoint_every_seconds),
+        ("checkpoint_meta", checkpoint_meta),
+    ):
         if value is not None and checkpoint_path is None:
             raise ValueError(f"fit: {name}={value!r} needs checkpoint_path (a directory); pass checkpoint_path=DIR")
     if not isinstance(resume, bool):
@@ -356,6 +365,8 @@ def fit(
             "history": history,
             "partial": {"loss_sum": loss_sum, "samples": samples, "seconds": seconds},
         }
+        if checkpoint_meta is not None:
+            meta["checkpoint_meta"] = checkpoint_meta
         # called only with checkpoint_path (due() needs a checkpoint_every, which needs checkpoint_path)
         assert checkpoint_path is not None
         try:

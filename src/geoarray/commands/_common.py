@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
+
+from .._install import install_hint
 
 __all__ = [
     "BACKENDS",
     "CommandError",
     "add_common_train_options",
+    "check_out",
     "checkpoint_options",
     "namespace_for",
     "one_line",
@@ -84,8 +88,9 @@ def add_common_train_options(parser: argparse.ArgumentParser, *, epochs: int = 1
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run whose checkpoints are in DIR/checkpoints (--out DIR), bit-identically; "
-        "without it a run with --out starts over and replaces them",
+        help="continue the run whose checkpoints are in DIR/checkpoints (--out DIR, which must exist), "
+        "bit-identically, with the flags it was started with; without it a run with --out starts over and "
+        "replaces them",
     )
     parser.add_argument(
         "--checkpoint-every",
@@ -104,13 +109,96 @@ def add_common_train_options(parser: argparse.ArgumentParser, *, epochs: int = 1
     )
 
 
-def checkpoint_options(args: argparse.Namespace) -> dict:
+def check_out(args: argparse.Namespace, record: dict | None = None) -> str | None:
+    """``--out DIR`` and ``--resume`` checked before any data is read or anything trained, each refusal one
+    line: DIR a file, DIR that cannot be created or written, ``--resume`` with a DIR that does not exist
+    (a mistyped path would start a new run), every checkpoint in DIR/checkpoints damaged, or checkpoints
+    of another run — another command (``record["command"]``), another value of a flag in
+    ``record["flags"]`` (``{"--n-layers": 8, ...}``, as :func:`checkpoint_options` saved them), another
+    ``--seed`` or ``--batch-size``. Creates DIR; returns it (None without ``--out``)."""
+    out = getattr(args, "out", None)
+    resume = bool(getattr(args, "resume", False))
+    if out is None:
+        return None
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CommandError(f"--out {out!r} is a file; give a directory (the command writes its files there)")
+    if resume and not os.path.isdir(out):
+        raise CommandError(
+            f"--resume: --out {out!r} does not exist, so there is no run to resume; check the path, or drop "
+            "--resume to start a new run there"
+        )
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(f"--out {out!r} cannot be created ({exc.strerror}); give a writable directory") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise CommandError(f"--out {out!r} is not writable; give a writable directory")
+    path = os.path.join(out, "checkpoints")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CommandError(f"{path!r} is a file; remove it or choose another --out")
+    if resume:
+        from .._checkpoints import newest_intact
+
+        newest, meta, damaged = newest_intact(path)
+        if newest is None and damaged:
+            raise CommandError(
+                f"--resume: no checkpoint in {path!r} is intact ({len(damaged)} damaged, the newest: "
+                f"{damaged[0][1]}); drop --resume to start the run over"
+            )
+        if newest is not None:
+            _check_same_run(args, path, meta, record)
+    return out
+
+
+def _given(flag: str, value: Any) -> str:
+    """How a flag's value reads in a message: ``--n-layers 8``, ``--unconstrained``, ``no --limit``."""
+    if value is True:
+        return flag
+    if value is False or value is None:
+        return f"no {flag}"
+    return f"{flag} {value}"
+
+
+def _check_same_run(args: argparse.Namespace, path: str, meta: dict, record: dict | None) -> None:
+    """Refuse, naming the command or the flag, to resume checkpoints of another run: they would not load
+    (another model's layout) or not continue that run (other data or batches)."""
+    saved = meta.get("checkpoint_meta")
+    # checkpoints written before the record was kept have none: then fit's own checks refuse another layout
+    if record is not None and isinstance(saved, dict):
+        if saved.get("command") != record["command"]:
+            raise CommandError(
+                f"--resume: {path!r} holds the checkpoints of a `geoarray {saved.get('command')}` run, not "
+                f"of `geoarray {record['command']}`; resume it with `geoarray {saved.get('command')}`, or "
+                "give another --out"
+            )
+        flags = saved.get("flags")
+        if not isinstance(flags, dict):
+            flags = {}
+        for flag, value in record["flags"].items():
+            if flag in flags and flags[flag] != value:
+                old = flags[flag]
+                fix = f"drop {flag}" if old is None or old is False else f"give {_given(flag, old)}"
+                raise CommandError(
+                    f"--resume: the run in {path!r} used {_given(flag, old)}, not {_given(flag, value)}; "
+                    f"{fix} to continue it"
+                )
+    for key in ("seed", "batch_size"):
+        if key in meta and getattr(args, key, meta[key]) != meta[key]:
+            flag = "--" + key.replace("_", "-")
+            raise CommandError(
+                f"--resume: the run in {path!r} used {flag} {meta[key]}, not {getattr(args, key)}; "
+                f"give {flag} {meta[key]} to continue it"
+            )
+
+
+def checkpoint_options(args: argparse.Namespace, record: dict | None = None) -> dict:
     """The checkpoint keywords of :func:`geoarray.train.fit` for ``--out``, ``--resume``,
     ``--checkpoint-every`` and ``--checkpoint-every-seconds`` (none for a parser without them):
-    checkpoints go to ``OUT/checkpoints``.
+    checkpoints go to ``OUT/checkpoints``, each with ``record`` (``{"command": "train vit", "flags":
+    {flag: value}}``: what :func:`check_out` compares on ``--resume``) in its meta.json.
 
-    Without ``--resume`` earlier checkpoints there are removed (the run starts over, as metrics.json is
-    rewritten); with it, a run of another ``--seed`` or ``--batch-size`` is refused here in one line.
+    Runs :func:`check_out`. Without ``--resume`` earlier checkpoints are removed (the run starts over, as
+    metrics.json is rewritten); with it and no checkpoint yet, a note on stderr says the run starts afresh.
     """
     if not hasattr(args, "resume"):
         return {}
@@ -131,32 +219,23 @@ def checkpoint_options(args: argparse.Namespace) -> dict:
 
     from ..train import latest_checkpoint
 
+    check_out(args, record)
     path = os.path.join(args.out, "checkpoints")
     newest = latest_checkpoint(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise CommandError(f"{path!r} is a file; remove it or choose another --out")
     if newest is not None and not args.resume:
         shutil.rmtree(path)
-    elif newest is not None:
-        from .._io import read_json
-
-        try:
-            meta = read_json(os.path.join(newest, "meta.json"), what="checkpoint meta.json")
-        except (OSError, ValueError):
-            meta = {}  # damaged: fit skips it and resumes from the newest intact one
-        for key in ("seed", "batch_size"):
-            if isinstance(meta, dict) and key in meta and getattr(args, key, meta[key]) != meta[key]:
-                flag = "--" + key.replace("_", "-")
-                raise CommandError(
-                    f"--resume: the run in {path!r} used {flag} {meta[key]}, not {getattr(args, key)}; "
-                    f"give {flag} {meta[key]} to continue it"
-                )
-    return {
+    elif newest is None and args.resume:
+        prog = getattr(args, "prog", "geoarray")
+        print(f"{prog}: note: --resume: no checkpoint in {path!r} yet; the run starts at epoch 1", file=sys.stderr)
+    options = {
         "checkpoint_path": path,
         "checkpoint_every": args.checkpoint_every,
         "checkpoint_every_seconds": args.checkpoint_every_seconds,
         "resume": bool(args.resume),
     }
+    if record is not None:
+        options["checkpoint_meta"] = record
+    return options
 
 
 def namespace_for(backend: str) -> Any:
@@ -172,7 +251,7 @@ def namespace_for(backend: str) -> Any:
         try:
             import torch
         except ImportError:
-            raise CommandError("backend 'torch' is not installed (pip install 'geoarray[torch]')") from None
+            raise CommandError(f"backend 'torch' is not installed ({install_hint('torch')})") from None
         import array_api_compat.torch as torch_xp
 
         # small matrices: intra-op threads cost more in wake-ups than they save
@@ -183,7 +262,7 @@ def namespace_for(backend: str) -> Any:
         try:
             import jax
         except ImportError:
-            raise CommandError("backend 'jax' is not installed (pip install 'geoarray[jax]')") from None
+            raise CommandError(f"backend 'jax' is not installed ({install_hint('jax')})") from None
         jax.config.update("jax_enable_x64", True)
         import jax.numpy as jnp
 
@@ -212,4 +291,4 @@ def require(module: str, extra: str = "demo") -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise CommandError(f"{module.split('.')[0]} is not installed (pip install 'geoarray[{extra}]')") from None
+        raise CommandError(f"{module.split('.')[0]} is not installed ({install_hint(extra)})") from None

@@ -125,7 +125,7 @@ def add_train_parsers(train_subparsers: Any) -> None:
             p.add_argument(
                 "--system", choices=("pendulum", "oscillator"), default="pendulum", help="system (default: pendulum)"
             )
-        p.set_defaults(func=run, model_name=name)
+        p.set_defaults(func=run, model_name=name, prog=p.prog)
 
 
 def _problem(args: argparse.Namespace, xp: Any) -> tuple:
@@ -187,15 +187,29 @@ def _check_sizes(args: argparse.Namespace) -> None:
         raise CommandError(f"--rollout {args.rollout} exceeds the {MAX_STATES:,} states of a validation rollout")
 
 
+def _record(args: argparse.Namespace) -> dict:
+    """What a ``train vpt|lst|sympnet`` checkpoint must match to be resumed: the command and the flags
+    that decide the model, the data and the optimizer (the seed and the batch size are in fit's meta)."""
+    name = args.model_name
+    flags: dict[str, Any] = {"--n-traj": args.n_traj, "--n-steps": args.n_steps, "--lr": args.lr}
+    if name == "sympnet":
+        flags["--system"] = args.system
+    else:
+        flags["--seq-len"] = args.seq_len
+    return {"command": f"train {name}", "flags": flags}
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import nn, optim, train
     from ..data import windows
-    from ._common import checkpoint_options, namespace_for, require, write_json
+    from ._common import check_out, checkpoint_options, namespace_for, require, write_json
 
     _check_sizes(args)
     xp = namespace_for(args.backend)
     if args.out is not None:
         require("matplotlib")
+    record = _record(args)
+    check_out(args, record)
     model, trajs, val, inv, inv_name = _problem(args, xp)
     T = args.seq_len
     x, y = windows(trajs, T, T)
@@ -210,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         progress=not args.no_progress,
-        **checkpoint_options(args),
+        **checkpoint_options(args, record),
     )
     import numpy as np
 

@@ -50,6 +50,14 @@ def _fail(prog: str, message: str) -> int:
     return 2
 
 
+def _reason(exc: Exception) -> str:
+    """The first line of an error's message, without the exception's class (the messages name the
+    argument and the fix; a KeyError's is only the key)."""
+    if isinstance(exc, KeyError):
+        return f"missing key {exc.args[0]!r}" if exc.args else "missing key"
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 def _config_from_arg(text: str) -> Any:
     """A preset/tiny name, a JSON object, or a path to a JSON file (geoarray or Hugging Face keys)."""
     from ..models.language import PRESETS, as_config, config_from_hf
@@ -205,7 +213,7 @@ def run_check(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return _fail(prog, str(exc))
     except (ValueError, TypeError, OSError, KeyError) as exc:
-        return _fail(prog, f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return _fail(prog, _reason(exc))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -246,7 +254,7 @@ def run_fix(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return _fail(prog, str(exc))
     except (ValueError, TypeError, OSError, KeyError) as exc:
-        return _fail(prog, f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return _fail(prog, _reason(exc))
     summary = {
         "checkpoint": args.checkpoint,
         "out": args.out,

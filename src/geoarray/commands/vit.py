@@ -182,12 +182,31 @@ def orthonormality_error(model: Any, params: Any) -> float:
     return worst
 
 
-def _train_one(args, xp, train, test, patch, *, stiefel: bool, optimizer: str, out_json: str | None, label: str):
+def _record(args: argparse.Namespace) -> dict:
+    """What a ``train vit`` checkpoint must match to be resumed: the flags that decide the model, the
+    optimizer and the data (the seed and the batch size are in fit's own meta)."""
+    patch, n_heads = _heads(args)
+    flags = {
+        "--data": args.data,
+        "--limit": args.limit,
+        "--patch-size": patch,
+        "--n-heads": n_heads,
+        "--n-layers": args.n_layers,
+        "--attention-add": args.attention_add,
+        "--unconstrained": args.unconstrained,
+        "--optimizer": args.optimizer,
+        "--lr": args.lr,
+    }
+    return {"command": "train vit", "flags": flags}
+
+
+def _train_one(
+    args, xp, train, test, patch, *, stiefel: bool, optimizer: str, out_json: str | None, label: str, checkpoints=None
+):
     import time
 
     from .. import nn
     from ..train import accuracy, fit
-    from ._common import checkpoint_options
 
     model = _model(args, patch, train[0].shape[-2], stiefel=stiefel)
     params = model.init(args.seed, xp=xp, dtype="float64")
@@ -207,7 +226,7 @@ def _train_one(args, xp, train, test, patch, *, stiefel: bool, optimizer: str, o
         metrics={"test_accuracy": accuracy},
         out=out_json,
         progress=not args.no_progress,
-        **checkpoint_options(args),
+        **(checkpoints or {}),
     )
     seconds = time.perf_counter() - t0
     row = {
@@ -267,12 +286,15 @@ def _table(rows: list[dict]) -> str:
 def run_train(args: argparse.Namespace) -> int:
     import os
 
-    from ._common import namespace_for, require, write_json
+    from ._common import check_out, checkpoint_options, namespace_for, require, write_json
 
     _heads(args)
     xp = namespace_for(args.backend)
     if not args.no_progress:
         require("tqdm")
+    if args.out is not None:
+        require("matplotlib")  # loss.png: missing, it would fail after the training
+    check_out(args, _record(args))
     train, test, patch = _load(args, xp)
     out_json = os.path.join(args.out, "metrics.json") if args.out else None
     label = f"{'unconstrained' if args.unconstrained else 'Stiefel'} + {args.optimizer}"
@@ -286,6 +308,7 @@ def run_train(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         out_json=out_json,
         label=label,
+        checkpoints=checkpoint_options(args, _record(args)),
     )
     print(_table([row]))
     if out_json is not None:
@@ -308,7 +331,7 @@ def _config(args: argparse.Namespace) -> dict:
 def run_demo(args: argparse.Namespace) -> int:
     import os
 
-    from ._common import namespace_for, require, write_json
+    from ._common import check_out, namespace_for, require, write_json
 
     require("sklearn")
     require("matplotlib")
@@ -317,6 +340,7 @@ def run_demo(args: argparse.Namespace) -> int:
     args.data = "digits"
     _heads(args)
     xp = namespace_for(args.backend)
+    check_out(args)  # a --out that cannot hold the plot fails now, not after both runs
     train, test, patch = _load(args, xp)
     print(
         f"ViT on digits: {train[0].shape[0]} train / {test[0].shape[0]} test images, {train[0].shape[-2]} patches "

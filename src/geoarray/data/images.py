@@ -52,7 +52,9 @@ def load_digits(*, xp: Any = None, dtype: Any = None, device: Any = None) -> tup
     try:
         from sklearn.datasets import load_digits as _sk_load_digits
     except ImportError:
-        raise ImportError("load_digits needs scikit-learn: pip install 'geoarray[demo]'") from None
+        from .._install import install_hint
+
+        raise ImportError(f"load_digits needs scikit-learn: {install_hint('demo')}") from None
     bunch = _sk_load_digits()
     images = np.asarray(bunch.images, dtype=np.float64) / 16.0
     labels = np.asarray(bunch.target, dtype=np.int64)

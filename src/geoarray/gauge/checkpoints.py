@@ -22,7 +22,9 @@ FORMAT = "geoarray-gauge-fixed-v1"
 def save_fixed(path: Any, fixed: GaugeFixedLM, reduced: Mapping[str, Any], *, dtype: str = "float32") -> None:
     """Write a gauge-fixed model (``dtype``: ``"float32"`` or ``"float64"`` for the stored entries)."""
     import numpy as np
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
+
+    from .._io import atomic_write
 
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
@@ -35,7 +37,10 @@ def save_fixed(path: Any, fixed: GaugeFixedLM, reduced: Mapping[str, Any], *, dt
         "saving": str(fixed.saving),
         "unfixed": json.dumps(fixed.unfixed),
     }
-    save_file(tensors, os.fspath(path), metadata=meta)
+    # safetensors' save_file creates the file with mode 0600 whatever the umask; written here it gets
+    # the permissions of any new file (0666 less the umask), and atomically
+    data = save(tensors, metadata=meta)
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def load_fixed(

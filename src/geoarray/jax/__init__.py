@@ -29,8 +29,14 @@ from __future__ import annotations
 
 try:
     import jax as _jax  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("geoarray.jax needs JAX: pip install 'jax[cpu]' (or geoarray[jax])") from exc
+except ModuleNotFoundError as exc:
+    if exc.name != "jax":  # a broken install (a dependency of jax missing) says so itself
+        raise
+    from .._install import install_hint
+
+    # a ModuleNotFoundError naming jax, as the one replaced: code that tells a missing dependency from a
+    # bug by the exception's name (docs/_ext/public_api.py) keeps working
+    raise ModuleNotFoundError(f"geoarray.jax needs JAX: {install_hint('jax')}", name="jax") from None
 
 from .._backend import ensure_static_nodes as _ensure_static_nodes
 from ._optax import RiemannianOptaxState, apply_updates, optax_transform

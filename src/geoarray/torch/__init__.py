@@ -63,7 +63,16 @@ cuts inside gathered) but is untested.
 
 from __future__ import annotations
 
-import torch as _torch
+try:
+    import torch as _torch
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":  # a broken install (a dependency of torch missing) says so itself
+        raise
+    from .._install import install_hint
+
+    # a ModuleNotFoundError naming torch, as the one replaced: code that tells a missing dependency from a
+    # bug by the exception's name (docs/_ext/public_api.py) keeps working
+    raise ModuleNotFoundError(f"geoarray.torch needs PyTorch: {install_hint('torch')}", name="torch") from None
 
 from .. import _backend
 from . import checkpoint, guards, nn

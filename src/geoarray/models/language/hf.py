@@ -382,7 +382,9 @@ def load_checkpoint(
         from safetensors import safe_open
         from safetensors.numpy import load_file
     except ImportError:
-        raise ImportError("reading a safetensors checkpoint needs safetensors: pip install 'geoarray[gauge]'") from None
+        from ..._install import install_hint
+
+        raise ImportError(f"reading a safetensors checkpoint needs safetensors: {install_hint('gauge')}") from None
 
     st_path, cfg_path = _resolve_checkpoint_path(path)
     try:
