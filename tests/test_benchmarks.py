@@ -360,3 +360,29 @@ def test_cuda_sync_sites_lists_the_steps_waits_and_not_the_mode_switch():
     assert len(sites) == 1, sites
     ((site, count),) = sites.items()
     assert site.startswith("test_benchmarks.py:") and site.endswith("(step)") and count == 6, sites
+
+
+def test_transformer_step_json(bench_backend, tmp_path):
+    """The GPT-2-sized benchmark at its tiny size: one row with positive, finite times, ratios and time per
+    million parameters; the memory columns, which come from two fresh processes, in the NumPy session only
+    (a fresh torch or JAX process imports and compiles for 20–40 s on this machine: the same code path)."""
+    path = tmp_path / "transformer_step.json"
+    argv = ["--sets", "tiny", "--backends", bench_backend, "--steps", "1", "--threads", "1", "--memory-steps", "1"]
+    if bench_backend != "numpy":
+        argv.append("--no-memory")
+    if bench_backend == "torch":  # the float32 drift runs geoarray.torch.Adam
+        argv += ["--drift-steps", "3", "--drift-frames", "1"]
+    load_benchmark("transformer_step").main([*argv, "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert out["benchmark"] == "transformer_step" and "cpu" in out["machine"]
+    drifts = [r for r in out["rows"] if "drift_steps" in r]
+    if bench_backend == "torch":
+        (d,) = drifts
+        assert d["drift_steps"] == 3 and d["drift_frames"] == 1 and 0 <= d["max_abs_YtY_minus_I"] < 1e-5
+    (row,) = [r for r in out["rows"] if "set" in r]
+    assert (row["set"], row["backend"], row["layout"], row["frames"]) == ("tiny", bench_backend, "stacks", 12)
+    for key in ("geoarray_ms", "adam_ms", "ratio", "geoarray_ms_per_m", "params_m"):
+        _positive_finite(row[key], key)
+    if bench_backend == "numpy":
+        for key in ("geoarray_mib", "adam_mib"):
+            assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] >= 0, (key, row[key])

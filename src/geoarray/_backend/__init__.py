@@ -97,6 +97,7 @@ from .namespace import (  # noqa: F401
     is_torch,
     resolve_dtype,
     to_host,
+    writable,
 )
 
 __all__ = [
@@ -161,4 +162,5 @@ __all__ = [
     "torch_packed_qr",
     "value_and_grad",
     "vmap_compiled",
+    "writable",
 ]

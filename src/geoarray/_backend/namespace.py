@@ -68,6 +68,13 @@ def is_array_api_strict(xp: Namespace) -> bool:
     return _named(xp, "array_api_strict")
 
 
+def writable(xp: Namespace) -> bool:
+    """Whether this namespace's arrays take in-place writes, ``x[index] = value`` (the array API's
+    ``__setitem__``): every backend of the matrix but JAX, whose arrays are immutable (it donates buffers
+    to a jitted function instead)."""
+    return not is_jax(xp)
+
+
 _BACKEND_NAMES: dict[Any, str] = {}
 
 

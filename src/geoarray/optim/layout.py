@@ -58,6 +58,7 @@ __all__ = [
     "leaf_state",
     "leaf_states",
     "make_layout",
+    "map_per_group",
     "pack",
     "per_leaf",
     "per_leaf_fields",
@@ -299,6 +300,22 @@ def declared_nodes(tree: Any) -> Iterator[Any]:
             yield tree
         for child in tree:
             yield from declared_nodes(child)
+
+
+def map_per_group(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
+    """``tree`` (a transform's state: a chain's tuple, nested chains, NamedTuples) with the value of every
+    field that its type declares with :func:`per_leaf` (a tuple of one value per parameter group) replaced
+    by ``fn(value, *same_field_of_others)``, ``others`` trees of the same structure; everything else as
+    ``tree`` has it. How a step cut into pieces (:class:`~geoarray.optim.RiemannianOptimizer`'s
+    ``chunk_bytes``) hands the transform one piece of one group's state and puts the new piece back."""
+    if not isinstance(tree, tuple):
+        return tree
+    fields = per_leaf_fields(tree)
+    if fields:  # a declared state: a NamedTuple
+        node: Any = tree
+        return node._replace(**{f: fn(getattr(tree, f), *(getattr(o, f) for o in others)) for f, _ in fields})
+    children = [map_per_group(fn, child, *(o[k] for o in others)) for k, child in enumerate(tree)]
+    return type(tree)(*children) if hasattr(tree, "_fields") else type(tree)(children)
 
 
 def leaf_state(state: Any, j: int) -> dict[str, Any]:

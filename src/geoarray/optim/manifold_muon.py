@@ -211,10 +211,12 @@ class ManifoldMuon:
         )
 
     def update(
-        self, params: Any, grads: Any, state: ManifoldMuonState, *, check: bool = True
+        self, params: Any, grads: Any, state: ManifoldMuonState, *, check: bool = True, donate: bool = False
     ) -> tuple[Any, ManifoldMuonState]:
         """One step (module docstring); pure, and nothing is computed before the inputs are checked
-        (``check=False``: the caller checked params and grads against ``state.layout``)."""
+        (``check=False``: the caller checked params and grads against ``state.layout``). ``donate`` is
+        accepted for the protocol of :meth:`~geoarray.optim.RiemannianOptimizer.update` and changes
+        nothing here: this step always returns new arrays."""
         if not isinstance(state, ManifoldMuonState):
             raise TypeError(f"state must be the ManifoldMuonState returned by init, got {type(state).__name__}")
         layout = state.layout

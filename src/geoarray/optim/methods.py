@@ -15,7 +15,7 @@ the manifold case":
 ==================  ==========================================================================
 
 All take the keywords of :class:`~geoarray.optim.riemannian.RiemannianOptimizer`
-(``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``).
+(``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes``).
 """
 
 from __future__ import annotations

@@ -108,9 +108,9 @@ class PartitionedOptimizer:
         return PartitionState(states, PartitionLayout(treedef, tuple(paths), tuple(labels)))
 
     def update(
-        self, params: Any, grads: Any, state: PartitionState, *, check: bool = True
+        self, params: Any, grads: Any, state: PartitionState, *, check: bool = True, donate: bool = False
     ) -> tuple[Any, PartitionState]:
-        """Each member's ``update`` on its leaves (``check`` is passed on to the members)."""
+        """Each member's ``update`` on its leaves (``check`` and ``donate`` are passed on to the members)."""
         if not isinstance(state, PartitionState):
             raise TypeError(f"state must be the PartitionState returned by init, got {type(state).__name__}")
         treedef, paths, labels = state.layout.treedef, list(state.layout.paths), list(state.layout.labels)
@@ -122,8 +122,10 @@ class PartitionedOptimizer:
         new_states = {}
         # members are pure: if one raises on bad input, nothing has changed
         for key, sub in state.states.items():
-            # members may be any (init, update) pair: only geoarray's take check=
-            kwargs = {} if check else {"check": False}
+            # members may be any (init, update) pair: only geoarray's take check= and donate=
+            kwargs: dict[str, bool] = {} if check else {"check": False}
+            if donate:
+                kwargs["donate"] = True
             new_params_k, new_states[key] = self.optimizers[key].update(sub_params[key], sub_grads[key], sub, **kwargs)
             new_params.update(new_params_k)
         # traced, the treedef made eagerly is not the one dynamo's optree takes: params' own (the same tree)

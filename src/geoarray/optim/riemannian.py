@@ -41,6 +41,19 @@ Euclidean leaves of one dtype and device are raveled into one vector, so a step 
 of array operations instead of one set per leaf. The user sees their own tree; the transform's
 state is stored per group.
 
+**Pieces** (``chunk_bytes``; :data:`DEFAULT_CHUNK_BYTES`): a group larger than the budget is updated
+piece by piece where the result is the same — an eager step on a backend with writable arrays (NumPy,
+PyTorch, CuPy, array-api-strict; not JAX), whose non-finite flag was read to the host, with an
+``elementwise`` transform (geoarray's Adam, momentum, SGD, weight decay and learning rates; not optax's,
+BFGS or clipping by a global norm) and no ``"rotated"`` section. Each piece (whole stacked leaves, or rows
+of a leaf's leading axis: a view, not a copy) is sectioned, lifted, updated by the transform with its
+part of the state and retracted before the next, so the step's temporaries are those of one piece: at
+GPT-2 small's Q/K/V (432 × St(768, 64), 21 M parameters) the peak memory growth of a step is 64–71 MiB
+over the moments instead of about 1.2 GiB, and ``update(..., donate=True)`` writes the new points and
+moments into the donated arrays, as ``torch.optim`` does (``geoarray.torch`` donates), so that a step
+keeps one copy of each (benchmarks/transformer_step.py). Every frame is computed by the same batched
+kernels either way; the pieces change nothing but the batch sizes.
+
 **Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
 parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
 (traceable). An eager update on the CPU reads the finiteness flag to the host (one scalar, as its
@@ -86,6 +99,7 @@ devices against the state's layout; skipped with ``check=False`` by adapters tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
@@ -98,11 +112,13 @@ from .._typing import Array
 from ..manifolds.base import RETRACTIONS, SECTIONS, Manifold
 from ..manifolds.stiefel import OrthonormalFrames
 from . import layout as _layout
+from . import nonfinite as _nonfinite
 from .layout import Layout
 from .nonfinite import NonFiniteGradientWarning, check_policy, chooser, gate, keep_where_finite
 from .transforms import GradientTransformation
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
     "NoSection",
     "NonFiniteGradientWarning",
     "RiemannianOptimizer",
@@ -110,6 +126,14 @@ __all__ = [
     "RotatedFrame",
     "riemannian",
 ]
+
+
+#: bytes of points per piece of an eager step (``chunk_bytes="default"``, read when an optimizer is made):
+#: 8 MiB, one piece per layer of GPT-2 small's Q/K/V (a stack of 36 frames of St(768, 64), 7 MiB in
+#: float32). Measured there (benchmarks/transformer_step.py, torch, one thread): the step's peak memory
+#: growth over the state 64–71 MiB with pieces of 1–8 MiB, 245 MiB with 16 MiB (pieces of two stacked
+#: layers, copied), 1.2 GiB whole
+DEFAULT_CHUNK_BYTES = 8 * 2**20
 
 
 class NoSection(NamedTuple):
@@ -167,6 +191,11 @@ class RiemannianOptimizer:
     consistent_frames : bool
         The transform compares g^hor coordinates across steps (BFGS's (s, y) pairs), so a section
         drawn anew at every step (``"random"``) is refused at ``init``, naming the leaf.
+    chunk_bytes : int, "default" or None
+        An eager step on a backend with writable arrays updates a group of Householder-section points
+        larger than this many bytes in pieces of at most this size (whole leaves, or rows of a leaf's
+        leading axis), for an elementwise transform (module docstring, *Pieces*); ``"default"``:
+        :data:`DEFAULT_CHUNK_BYTES` as it is when the optimizer is made. None: every group in one batched call.
     """
 
     def __init__(
@@ -179,6 +208,7 @@ class RiemannianOptimizer:
         group_same_shape: bool = True,
         seed: int = 0,
         consistent_frames: bool = False,
+        chunk_bytes: int | str | None = "default",
     ):
         if not (callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))):
             raise TypeError(f"transform must be a gradient transformation (init, update), got {transform!r}")
@@ -196,6 +226,15 @@ class RiemannianOptimizer:
                 f"{type(self).__name__} needs g^hor coordinates that are consistent between steps, but "
                 "section='random' draws a new frame every step; use section='transported'"
             )
+        if not (
+            chunk_bytes is None
+            or (isinstance(chunk_bytes, str) and chunk_bytes == "default")
+            or (isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool) and chunk_bytes >= 1)
+        ):
+            raise ValueError(
+                f"chunk_bytes must be a positive int (bytes of points per piece of a step), 'default' or None "
+                f"(whole groups), got {chunk_bytes!r}"
+            )
         self.transform = transform
         self.section = section
         self.retraction = retraction
@@ -203,6 +242,7 @@ class RiemannianOptimizer:
         self.group_same_shape = bool(group_same_shape)
         self.seed = seed
         self.consistent_frames = bool(consistent_frames)
+        self.chunk_bytes = DEFAULT_CHUNK_BYTES if isinstance(chunk_bytes, str) else chunk_bytes
 
     def __repr__(self) -> str:
         opts = [f"section={self.section!r}"] if self.section else []
@@ -275,9 +315,15 @@ class RiemannianOptimizer:
         _backend.ensure_static_nodes()
         device = _backend.device(leaves[0])
         step = xp.zeros((), dtype=_backend.index_dtype(xp), device=device)
-        lifted, sections = [], []
+        lifted: list[Any] = []
+        sections: list[Any] = []
         for g, group in enumerate(layout.groups):
             M = group.manifold
+            zero = self._zero_lift(group, leaves, xp)
+            if zero is not None:  # no section or packed copy needed: the moments start at zero
+                lifted.append(zero)
+                sections.append(NoSection())
+                continue
             Y = _layout.pack(group, leaves, xp)
             if group.section == "random":
                 lam = M.global_section(Y, strategy="random", seed=np.random.SeedSequence([self.seed, 0, g]))
@@ -294,17 +340,43 @@ class RiemannianOptimizer:
         inner = self.transform.init(tuple(lifted))
         return RiemannianState(step, xp.zeros_like(step), inner, tuple(sections), layout)
 
+    @staticmethod
+    def _zero_lift(group: _layout.Group, leaves: list, xp: Any) -> Any:
+        """The zero of g^hor in the group's packed shape, from one frame's lift, or None (then ``init`` lifts
+        the packed zero): a ``"householder"`` group needs no section of its own at ``init``, and at GPT-2
+        size the section and the packed copy of every frame would be the largest memory of the whole run
+        (two arrays of the weights' size beside the moments)."""
+        M, first = group.manifold, leaves[group.indices[0]]
+        k = len(M.point_shape or ())
+        if M.is_vector_space or group.section != "householder" or not k or group.packing == _layout.RAVELED:
+            return None
+        batch = tuple(first.shape[: first.ndim - k])
+        if math.prod(batch) == 0:
+            return None
+        frame = first[(0,) * len(batch) + (Ellipsis,)]
+        if group.upcast:
+            frame = xp.astype(frame, xp.float32)
+        one = M.global_rep(M.global_section(frame, strategy="householder"), xp.zeros_like(frame))
+        packed = (len(group.indices), *batch) if group.packing == _layout.STACKED else batch
+        return optree.tree_map(lambda a: xp.zeros((*packed, *a.shape), dtype=a.dtype, device=_backend.device(a)), one)
+
     # -- update ------------------------------------------------------------------------------------------
 
     def update(
-        self, params: Any, grads: Any, state: RiemannianState, *, check: bool = True
+        self, params: Any, grads: Any, state: RiemannianState, *, check: bool = True, donate: bool = False
     ) -> tuple[Any, RiemannianState]:
         """One step of Algorithm 1: ``params, state = opt.update(params, grads, state)``.
 
-        Pure: the inputs are not modified. ``grads`` are Euclidean gradients ∇L with the tree
-        structure, shapes and dtypes of ``params``. ``check=False`` skips the comparison of params
+        Pure unless ``donate``: the inputs are not modified. ``grads`` are Euclidean gradients ∇L with the
+        tree structure, shapes and dtypes of ``params``. ``check=False`` skips the comparison of params
         and grads with the state's layout (tree structure, shapes, dtypes, devices) for callers that
         checked them already (``geoarray.torch``'s optimizers do, once per step for all groups).
+
+        ``donate=True`` hands over the buffers of ``params`` and ``state``, as ``jax.jit``'s
+        ``donate_argnums`` does: a step taken in pieces (``chunk_bytes``) on a backend with writable arrays
+        writes its new points and moments into them, in place like ``torch.optim``, instead of keeping a
+        second copy of both (the caller must use only the returned values afterwards; the returned leaves
+        of those groups are the donated arrays themselves). Elsewhere it changes nothing.
         """
         if not isinstance(state, RiemannianState):
             raise TypeError(
@@ -312,39 +384,53 @@ class RiemannianOptimizer:
             )
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
-        new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp)
+        new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
         # made inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
-    def _step(self, layout: Layout, leaves: list, gleaves: list, state: RiemannianState, xp: Any) -> tuple[list, Any]:
+    def _step(
+        self, layout: Layout, leaves: list, gleaves: list, state: RiemannianState, xp: Any, *, donate: bool = False
+    ) -> tuple[list, Any]:
         """The step of :meth:`update` on the flattened leaves, already checked against the layout."""
         if len(state.sections) != len(layout.groups):
             raise ValueError(
                 f"state has {len(state.sections)} parameter groups but its layout {len(layout.groups)}: "
                 "the state was assembled from parts of different optimizer states"
             )
-        packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
+        pieces = self._pieces(layout, leaves, state, xp)
+        if pieces is None:
+            packed_grads: list = [_layout.pack(group, gleaves, xp) for group in layout.groups]
+            checked = packed_grads
+        else:  # a group cut into pieces is never packed whole: its gradients are checked leaf by leaf
+            packed_grads = [
+                _layout.pack(g, gleaves, xp) if p == [None] else None
+                for g, p in zip(layout.groups, pieces, strict=True)
+            ]
+            checked = [G for G in packed_grads if G is not None]
+            checked += [
+                gleaves[i] for g, p in zip(layout.groups, pieces, strict=True) if p != [None] for i in g.indices
+            ]
         # eager with host reads, the flag is read (one scalar; a retraction reads one anyway): a skipped
         # step computes nothing and a finite one needs no masks (about 30 operations); otherwise the
         # step is computed and masked (geoarray.optim.nonfinite)
-        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp, depth=2)
+        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp, depth=2)
         if skipped is not None:
             return list(leaves), skipped
+        if pieces is not None:  # _pieces cuts only where the flag is read to the host: finite is None
+            return self._step_in_pieces(layout, leaves, gleaves, packed_grads, pieces, state, xp, donate)
+        packed_grads = checked
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
         for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
-            M = group.manifold
             Y = _layout.pack(group, leaves, xp)
             lam = self._section(group, Y, g, step, state.sections)
             points.append(Y)
             lams.append(lam)
-            lifted.append(M.lift(Y, lam, G))
+            lifted.append(group.manifold.lift(Y, lam, G))
             if uses_params:
-                # the parameter a transform sees on a manifold: the lift of grad ½‖Y‖² (module
-                # docstring of add_decayed_weights); on a vector space the parameter itself
-                lifted_params.append(Y if M.is_vector_space else M.lift(Y, lam, Y))
+                lifted_params.append(self._lifted_param(group, Y, lam))
         transform_params = tuple(lifted_params) if uses_params else None
         inner = state.inner
         if any(group.section == "rotated" for group in layout.groups):
@@ -355,16 +441,8 @@ class RiemannianOptimizer:
         bound = self._velocity_bound(layout)
         new_points, new_sections = [], []
         for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
-            M = group.manifold
-            if group.section == "transported":
-                lam_new = M.transport_section(lam, W, self.retraction)
-                new_points.append(lam_new.Y)
-            else:
-                lam_new = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
-                if bound is not None and isinstance(M, OrthonormalFrames):
-                    new_points.append(M.apply_retraction(lam, W, self.retraction, velocity_bound=bound))
-                else:
-                    new_points.append(M.apply_retraction(lam, W, self.retraction))
+            Y_new, lam_new = self._retract(group, lam, W, bound)
+            new_points.append(Y_new)
             new_sections.append(lam_new)
         if finite is not None and not _backend.is_traced(finite):
             # eager without host reads: a step whose new point is not finite (one beyond the
@@ -380,6 +458,161 @@ class RiemannianOptimizer:
             _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
         return new_leaves, keep_where_finite(finite, new_state, state, xp)
+
+    @staticmethod
+    def _lifted_param(group: _layout.Group, Y: Array, lam: Any) -> Any:
+        """The parameter a transform sees: on a manifold the lift of grad ½‖Y‖² (module docstring of
+        add_decayed_weights), on a vector space the parameter itself."""
+        return Y if group.manifold.is_vector_space else group.manifold.lift(Y, lam, Y)
+
+    def _retract(self, group: _layout.Group, lam: Any, W: Any, bound: float | None) -> tuple[Array, Any]:
+        """(the new point λ·g(W)·E, the section carried to the next step) for one group or piece."""
+        M = group.manifold
+        if group.section == "transported":
+            lam_new = M.transport_section(lam, W, self.retraction)
+            return lam_new.Y, lam_new
+        carried = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
+        if bound is not None and isinstance(M, OrthonormalFrames):
+            return M.apply_retraction(lam, W, self.retraction, velocity_bound=bound), carried
+        return M.apply_retraction(lam, W, self.retraction), carried
+
+    # -- a step in pieces ------------------------------------------------------------------------------
+
+    def _pieces(self, layout: Layout, leaves: list, state: RiemannianState, xp: Any) -> list | None:
+        """Per group, the pieces an eager step takes one after the other (``chunk_bytes``): ``[None]`` for
+        the whole group, else indices into the group's packed arrays (``(slice,)`` along the packed leading
+        axis, or ``(k, slice)``: rows of the k-th stacked leaf). None, the whole step at once, unless a group
+        exceeds the budget and the step may be cut: eager, writable arrays, the non-finite flag read to the
+        host (a masked step selects between whole states), an elementwise transform whose per-group state
+        is declared (:func:`~geoarray.optim.layout.per_leaf`), and no ``"rotated"`` section (its reframe
+        rule re-expresses the whole state)."""
+        if self.chunk_bytes is None or not getattr(self.transform, "elementwise", False):
+            return None
+        if not _backend.writable(xp) or _backend.is_traced(leaves[0]):
+            return None
+        if self.on_nonfinite == "skip" and not _nonfinite._readable(leaves[0]):
+            return None
+        if any(group.section == "rotated" for group in layout.groups):
+            return None
+        n, fits = len(layout.groups), []
+        _layout.map_per_group(lambda v: fits.append(isinstance(v, tuple) and len(v) in (0, n)), state.inner)
+        if not all(fits):
+            return None
+        pieces = [self._group_pieces(group, layout.shapes, leaves) for group in layout.groups]
+        return pieces if any(p != [None] for p in pieces) else None
+
+    def _group_pieces(self, group: _layout.Group, shapes: tuple, leaves: list) -> list:
+        """The pieces of one group (see :meth:`_pieces`): whole stacked leaves while two fit the budget,
+        else rows of each leaf's leading axis (at least one row: a single frame larger than the budget
+        is one piece)."""
+        M, budget = group.manifold, self.chunk_bytes
+        assert budget is not None
+        if not isinstance(M, OrthonormalFrames) or group.upcast or group.section != "householder":
+            return [None]
+        shape = shapes[group.indices[0]]
+        first = leaves[group.indices[0]]
+        leaf_bytes = math.prod(shape) * (array_namespace(first).finfo(first.dtype).bits // 8)
+        count = len(group.indices)
+        if leaf_bytes * count <= budget or leaf_bytes == 0:
+            return [None]
+        batch = shape[:-2]
+        if group.packing == _layout.STACKED and 2 * leaf_bytes <= budget:
+            per = budget // leaf_bytes
+            return [(slice(a, min(a + per, count)),) for a in range(0, count, per)]
+        if not batch:  # single frames: one leaf per piece
+            return [(slice(k, k + 1),) for k in range(count)] if group.packing == _layout.STACKED else [None]
+        rows = batch[0]
+        per = max(1, budget // (leaf_bytes // rows))
+        if group.packing == _layout.STACKED:
+            return [(k, slice(a, min(a + per, rows))) for k in range(count) for a in range(0, rows, per)]
+        return [(slice(a, min(a + per, rows)),) for a in range(0, rows, per)]
+
+    @staticmethod
+    def _piece_of(group: _layout.Group, index: tuple | None, leaves: list, xp: Any) -> Array:
+        """The points (or gradients) of one piece, as the group's packed array would hold them."""
+        if index is None:
+            return _layout.pack(group, leaves, xp)
+        if len(index) == 2:  # rows of one stacked leaf: a view
+            k, rows = index
+            return leaves[group.indices[k]][rows, ...]
+        if group.packing == _layout.STACKED:
+            members = group.indices[index[0]]
+            if len(members) == 1:
+                return xp.expand_dims(leaves[members[0]], axis=0)
+            return xp.stack([leaves[i] for i in members], axis=0)
+        return leaves[group.indices[0]][index[0], ...]
+
+    @staticmethod
+    def _write_piece(group: _layout.Group, index: tuple, Y_new: Array, outs: list) -> None:
+        """Write one piece's new points into the group's output leaves."""
+        if len(index) == 2:
+            k, rows = index
+            outs[group.indices[k]][rows, ...] = Y_new
+        elif group.packing == _layout.STACKED:
+            for t, i in enumerate(group.indices[index[0]]):
+                outs[i][...] = Y_new[t, ...]
+        else:
+            outs[group.indices[0]][index[0], ...] = Y_new
+
+    def _step_in_pieces(
+        self,
+        layout: Layout,
+        leaves: list,
+        gleaves: list,
+        packed_grads: list,
+        pieces: list,
+        state: RiemannianState,
+        xp: Any,
+        donate: bool,
+    ) -> tuple[list, RiemannianState]:
+        """The finite step of :meth:`_step`, one piece at a time (module docstring, *Pieces*): the transform
+        updates a 1-tuple holding the piece's lifted gradient, with the state's per-group fields cut to the
+        piece; the new values are written into the group's arrays (the donated ones, or copies)."""
+        step = _backend.as_array(state.step + 1)
+        uses_params = getattr(self.transform, "uses_params", True)
+        bound = self._velocity_bound(layout)
+        cut = {g for g, p in enumerate(pieces) if p != [None]}
+
+        def copy(value: Any) -> Any:
+            return value if donate else optree.tree_map(lambda a: xp.asarray(a, copy=True), value)
+
+        # per declared field, a list of one value per group: the cut groups' arrays (written piece by
+        # piece), the others' filled in by their single update
+        gathered = _layout.map_per_group(
+            lambda v: [copy(v[g]) if g in cut else None for g in range(len(v))], state.inner
+        )
+        outs = list(leaves)
+        if not donate:
+            for g in cut:
+                for i in layout.groups[g].indices:
+                    outs[i] = xp.empty_like(leaves[i])
+        new_leaves: list = [None] * len(leaves)
+        sections = list(state.sections)
+        last = state.inner
+        for g, group in enumerate(layout.groups):
+            M = group.manifold
+            for index in pieces[g]:
+                Y = self._piece_of(group, index, leaves, xp)
+                G = packed_grads[g] if index is None else self._piece_of(group, index, gleaves, xp)
+                lam = self._section(group, Y, g, step, state.sections)
+                params = (self._lifted_param(group, Y, lam),) if uses_params else None
+                inner = _layout.map_per_group(
+                    lambda v: v if not v else (v[g] if index is None else _cut(v[g], index),),  # noqa: B023
+                    state.inner,
+                )
+                (W,), last = self.transform.update((M.lift(Y, lam, G),), inner, params)
+                _layout.map_per_group(lambda new, into: _put(new, into, g, index), last, gathered)  # noqa: B023
+                Y_new, sections[g] = self._retract(group, lam, W, bound)
+                if index is None:
+                    _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
+                else:
+                    self._write_piece(group, index, Y_new, outs)
+        for g in cut:
+            for i in layout.groups[g].indices:
+                new_leaves[i] = outs[i]
+        # the fields that are not per group (a step count) are the same after every piece: the last one's
+        inner = _layout.map_per_group(lambda new, into: tuple(into) if new else new, last, gathered)
+        return new_leaves, RiemannianState(step, state.skipped, inner, tuple(sections), layout)
 
     def _velocity_bound(self, layout: Layout) -> float | None:
         """b ≥ the magnitude of every entry of this step's velocity, from the transform's ``bound`` rule (a
@@ -421,6 +654,7 @@ def riemannian(
     on_nonfinite: str = "skip",
     group_same_shape: bool = True,
     seed: int = 0,
+    chunk_bytes: int | str | None = "default",
 ) -> RiemannianOptimizer:
     """Algorithm 1 around ``transform``: ``opt = riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(),
     scale_by_learning_rate(1e-3)))``, then ``opt.init(params, manifolds)`` / ``opt.update(params, grads, state)``.
@@ -434,4 +668,28 @@ def riemannian(
         on_nonfinite=on_nonfinite,
         group_same_shape=group_same_shape,
         seed=seed,
+        chunk_bytes=chunk_bytes,
     )
+
+
+def _cut(value: Any, index: tuple) -> Any:
+    """One piece of a group's per-group value (a pytree of arrays with the group's leading axes)."""
+    key = (*index, Ellipsis)
+    return optree.tree_map(lambda a: a[key], value)
+
+
+def _put(new: tuple, into: list, g: int, index: tuple | None) -> None:
+    """Put a piece's new per-group value (a 1-tuple; ``()`` where the field stores nothing) into group
+    ``g``'s place in ``into``: as it is for a whole group, written into the group's arrays for a piece."""
+    if not new:
+        return
+    if index is None:
+        into[g] = new[0]
+        return
+
+    key = (*index, Ellipsis)
+
+    def write(target: Array, value: Array) -> None:
+        target[key] = value
+
+    optree.tree_map(write, into[g], new[0])

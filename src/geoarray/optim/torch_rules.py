@@ -96,7 +96,7 @@ def scale(step_size: float) -> GradientTransformation:
             return updates, state
         return optree.tree_map(lambda u: factor * u, updates), state
 
-    return GradientTransformation(init, update, reframe=keep_state, bound=scaled_bound(factor))
+    return GradientTransformation(init, update, reframe=keep_state, bound=scaled_bound(factor), elementwise=True)
 
 
 def scale_by_torch_adam(
@@ -184,7 +184,7 @@ def scale_by_torch_adam(
         top = rotate(state.max_exp_avg_sq, 2) if amsgrad else ()
         return ScaleByTorchAdamState(state.count, rotate(state.exp_avg, 1), rotate(state.exp_avg_sq, 2), top)
 
-    return GradientTransformation(init, update, uses_params=uses_decay, reframe=reframe)
+    return GradientTransformation(init, update, uses_params=uses_decay, reframe=reframe, elementwise=True)
 
 
 def scale_by_torch_sgd(
@@ -238,4 +238,4 @@ def scale_by_torch_sgd(
     def reframe(state: ScaleBySGDState, rotate: Callable[[Any, int], Any]) -> ScaleBySGDState:
         return state if no_momentum else ScaleBySGDState(state.count, rotate(state.momentum_buffer, 1))
 
-    return GradientTransformation(init, update, uses_params=uses_decay, reframe=reframe)
+    return GradientTransformation(init, update, uses_params=uses_decay, reframe=reframe, elementwise=True)

@@ -79,6 +79,13 @@ class GradientTransformation(NamedTuple):
     bounds every entry of its velocity by η·C(β₁, β₂): the retraction then knows, without reading any
     array, the cheapest φ₁ polynomial that covers every step (:func:`~geoarray.optim.riemannian`).
     ``None`` (the default, and any transform without the field): no bound is known.
+
+    ``elementwise``: ``update`` treats every entry of the updates, and of the state's per-group fields
+    (those its state type declares with :func:`~geoarray.optim.layout.per_leaf`), on its own, and its
+    other state fields (a step count) do not depend on the updates' values. Then any piece of a group
+    may be updated alone with the same result, and the Riemannian wrapper cuts a large group into
+    pieces of bounded memory (``chunk_bytes`` of :class:`~geoarray.optim.RiemannianOptimizer`). False
+    (the default, and every transform without the field, optax's): the wrapper hands it the whole tree.
     """
 
     init: Callable[[Any], Any]
@@ -86,6 +93,7 @@ class GradientTransformation(NamedTuple):
     uses_params: bool = False
     reframe: Callable[[Any, Callable[[Any, int], Any]], Any] | None = None
     bound: Callable[[float | None], float | None] | None = None
+    elementwise: bool = False
 
 
 class EmptyState(NamedTuple):
@@ -236,7 +244,8 @@ def chain(*transforms: Any) -> GradientTransformation:
             b = rule(b) if rule is not None else None
         return b
 
-    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None, bound)
+    elementwise = all(getattr(t, "elementwise", False) for t in transforms)
+    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None, bound, elementwise)
 
 
 def scaled_bound(factor: float) -> Callable[[float | None], float | None]:
@@ -361,7 +370,7 @@ def scale_by_adam(
         return ScaleByAdamState(state.count, rotate(state.mu, 1), rotate(state.nu, 2))
 
     ratio = adam_ratio_bound(b1, b2)  # whatever the input's scale: the direction is scale-free
-    return GradientTransformation(init, update, reframe=reframe, bound=lambda b: ratio)
+    return GradientTransformation(init, update, reframe=reframe, bound=lambda b: ratio, elementwise=True)
 
 
 def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
@@ -381,7 +390,7 @@ def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
     def reframe(state: ScaleByMomentumState, rotate: Callable[[Any, int], Any]) -> ScaleByMomentumState:
         return ScaleByMomentumState(rotate(state.trace, 1))
 
-    return GradientTransformation(init, update, reframe=reframe)
+    return GradientTransformation(init, update, reframe=reframe, elementwise=True)
 
 
 def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransformation:
@@ -414,7 +423,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
                 rate = host_value()  # None: a rate kept on the device (no bound)
                 return None if rate is None else abs(float(rate)) * b
 
-        return GradientTransformation(init, update, reframe=keep_state, bound=bound)
+        return GradientTransformation(init, update, reframe=keep_state, bound=bound, elementwise=True)
 
     rate = float(as_schedule(lr)(1))
 
@@ -424,7 +433,9 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
         return optree.tree_map(lambda u: -rate * u, updates), state
 
-    return GradientTransformation(init_const, update_const, reframe=keep_state, bound=scaled_bound(rate))
+    return GradientTransformation(
+        init_const, update_const, reframe=keep_state, bound=scaled_bound(rate), elementwise=True
+    )
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:
@@ -446,7 +457,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
             raise ValueError("add_decayed_weights needs params: call update(updates, state, params)")
         return optree.tree_map(lambda u, p: u + wd * p, updates, params), state
 
-    return GradientTransformation(init, update, uses_params=True, reframe=keep_state)
+    return GradientTransformation(init, update, uses_params=True, reframe=keep_state, elementwise=True)
 
 
 def global_norm(tree: Any) -> Array:

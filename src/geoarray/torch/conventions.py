@@ -157,7 +157,7 @@ class Adam(_TorchStyle):
     ManifoldParameter the same formulas run in g^hor and the step is a retraction (module docstring).
     ``delta`` (keyword only, default 0) adds δ inside the square root as eq. 6 of Brantner's paper
     prints it; :class:`geoarray.torch.PaperAdam` is the paper's variant with its defaults. The options
-    ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed`` are those of
+    ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes`` are those of
     :class:`geoarray.optim.RiemannianOptimizer`.
     """
 
@@ -185,6 +185,7 @@ class Adam(_TorchStyle):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
         defaults = {
@@ -201,7 +202,7 @@ class Adam(_TorchStyle):
             "decoupled_weight_decay": decoupled_weight_decay or self._DECOUPLED,
             "delta": delta,
             "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
         super().__init__(params, defaults, skip_together=skip_together)
 
@@ -264,13 +265,14 @@ class AdamW(Adam):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
         super().__init__(
             params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
             capturable=capturable, differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
             delta=delta, stabilize=stabilize, section=section, retraction=retraction, on_nonfinite=on_nonfinite,
-            group_same_shape=group_same_shape, seed=seed, skip_together=skip_together,
+            group_same_shape=group_same_shape, seed=seed, chunk_bytes=chunk_bytes, skip_together=skip_together,
         )  # fmt: skip
 
 
@@ -302,6 +304,7 @@ class SGD(_TorchStyle):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
         defaults = {
@@ -315,7 +318,7 @@ class SGD(_TorchStyle):
             "differentiable": differentiable,
             "fused": fused,
             "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
         super().__init__(params, defaults, skip_together=skip_together)
 

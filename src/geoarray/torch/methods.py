@@ -62,7 +62,7 @@ class MethodOptimizer(Optimizer):
 class Gradient(MethodOptimizer):
     """Riemannian gradient descent, W = −η B (:class:`geoarray.optim.Gradient`), as a ``torch.optim.Optimizer``.
 
-    Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed`` are those of
+    Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes`` are those of
     :class:`geoarray.optim.RiemannianOptimizer` and may differ per param group.
     """
 
@@ -76,10 +76,11 @@ class Gradient(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes)}
         super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
@@ -100,10 +101,15 @@ class Momentum(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {"lr": lr, "alpha": alpha, **core_options(section, retraction, on_nonfinite, group_same_shape, seed)}
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
         super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
     def _core_for(self, group: dict) -> RiemannianOptimizer:
@@ -123,7 +129,7 @@ class PaperAdam(MethodOptimizer):
     (:class:`geoarray.torch.Adam` reads them at every step), which keeps the moments.
     """
 
-    _STATE_FREE = ("lr", "betas", "delta", "eps")  # Adam's state is (count, mu, nu) whatever they are
+    _STATE_FREE = ("lr", "betas", "delta", "eps", "chunk_bytes")  # Adam's state is (count, mu, nu) whatever they are
 
     def __init__(
         self,
@@ -138,6 +144,7 @@ class PaperAdam(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
         capturable: bool = False,
     ):
@@ -146,7 +153,7 @@ class PaperAdam(MethodOptimizer):
             "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
             "delta": delta,
             "eps": eps,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
         super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 
@@ -186,6 +193,7 @@ class AdamWithDecay(MethodOptimizer):
         on_nonfinite: str = "skip",
         group_same_shape: bool = True,
         seed: int = 0,
+        chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
         capturable: bool = False,
     ):
@@ -198,7 +206,7 @@ class AdamWithDecay(MethodOptimizer):
             "delta": delta,
             "n_epochs": n_epochs,
             "steps_per_epoch": steps_per_epoch,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed),
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
         super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
 

@@ -17,7 +17,7 @@ the paper's vision transformer cost one call, not 336.
 What it does as a ``torch.optim.Optimizer``:
 
 * **param groups** with per-group hyperparameters (``lr``, ``betas``, …, and the core's options
-  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``); every group carries
+  ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes``); every group carries
   ``lr``, read at every step, so every ``torch.optim.lr_scheduler`` works (:class:`Adam`, :class:`AdamW`,
   :class:`SGD` also read ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` at every
   step: OneCycleLR's momentum cycling builds nothing new); changing another hyperparameter rebuilds
@@ -204,7 +204,7 @@ class Optimizer(torch.optim.Optimizer):
     #: the hyperparameters of a group whose change builds a new core without a fresh state (its own cores'
     #: arguments that enter no state's structure; tests/test_torch_schedulers.py checks each): a change of
     #: any other builds a fresh state on random points to check that the structure stays
-    _STATE_FREE: tuple[str, ...] = ("lr",)
+    _STATE_FREE: tuple[str, ...] = ("lr", "chunk_bytes")
     #: ``_factory(group)``: the core for a group's hyperparameters (set by __init__ and __setstate__;
     #: ``...``: the lambdas of __init__ bind their other arguments as defaults)
     _factory: Callable[..., Core]
@@ -558,7 +558,12 @@ class Optimizer(torch.optim.Optimizer):
             itself = skip is not None and core_skips_itself(cohort.core, cohort.state, grads, compiling)
             if skip is not None:
                 grads = poison_where_found(grads, skip) if itself else zero_where_found(grads, skip)
-            new, state = cohort.core.update(leaves, grads, cohort.state, check=False)
+            # in place, as torch.optim steps, where nothing needs the old values afterwards (no selection
+            # between old and new for a GradScaler's skip or the ranks' agreement; not traced): the core
+            # then writes a step it takes in pieces into the parameters and the state (RiemannianOptimizer.update)
+            donate = self._OWN_CORES and not compiling and skip is None and sharded is None and not together
+            extra = {"donate": True} if donate else {}
+            new, state = cohort.core.update(leaves, grads, cohort.state, check=False, **extra)
             if skip is not None:
                 if itself:
                     state = restore_skipped(skip, cohort.state, state)
@@ -577,9 +582,12 @@ class Optimizer(torch.optim.Optimizer):
             results = [
                 r if a is None else (r[0], r[1], a[0], r[3], a[1], *r[5:]) for r, a in zip(results, agreed, strict=True)
             ]
-        for params, _, new, cohort, state, sharded, _, capturable in results:
+        for params, leaves, new, cohort, state, sharded, _, capturable in results:
             if sharded is None:
-                torch._foreach_copy_(params, new)
+                # a donated leaf written in place comes back as itself: nothing to copy
+                moved = [(p, t) for p, leaf, t in zip(params, leaves, new, strict=True) if t is not leaf]
+                if moved:
+                    torch._foreach_copy_([p for p, _ in moved], [t for _, t in moved])
             else:
                 sharded.write(new)
             write_state(cohort, state, capturable)

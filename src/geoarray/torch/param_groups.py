@@ -33,10 +33,14 @@ __all__ = [
 ]
 
 #: the options of :class:`geoarray.optim.RiemannianOptimizer` a param group may carry
-CORE_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed")
+CORE_OPTIONS = ("section", "retraction", "on_nonfinite", "group_same_shape", "seed", "chunk_bytes")
 #: keys that are not compared when a saved state_dict is matched to the optimizer's groups
 #: (``capturable`` changes where the state lives, not what it holds: the states of both load into either)
-NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "lr", "initial_lr", "skip_together", "capturable"})
+# chunk_bytes: how much of a step's memory is alive at once, not how it steps (and not in checkpoints
+# written before it existed: loading one fills in the default)
+NOT_HYPERPARAMETERS = frozenset(
+    {"params", "param_names", "lr", "initial_lr", "skip_together", "capturable", "chunk_bytes"}
+)
 # keys torch's LR schedulers add to a param group (OneCycleLR, CyclicLR, every LRScheduler): bookkeeping,
 # neither hyperparameters of the core nor unknown keys
 _SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
@@ -50,7 +54,9 @@ BOOKKEEPING = frozenset({"params", "param_names", "skip_together"}) | _SCHEDULER
 NOT_IN_KEY = BOOKKEEPING | {"capturable"}
 
 
-def core_options(section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int) -> dict:
+def core_options(
+    section: Any, retraction: Any, on_nonfinite: str, group_same_shape: bool, seed: int, chunk_bytes: Any = "default"
+) -> dict:
     """The :data:`CORE_OPTIONS` as a param group's defaults (the convenience optimizers' keywords)."""
     return {
         "section": section,
@@ -58,6 +64,7 @@ def core_options(section: Any, retraction: Any, on_nonfinite: str, group_same_sh
         "on_nonfinite": on_nonfinite,
         "group_same_shape": group_same_shape,
         "seed": seed,
+        "chunk_bytes": chunk_bytes,
     }
 
 
@@ -128,7 +135,12 @@ def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformatio
         return None if isinstance(f, torch.Tensor) else abs(float(f)) * out
 
     return GradientTransformation(
-        transform.init, update, getattr(transform, "uses_params", True), getattr(transform, "reframe", None), bound
+        transform.init,
+        update,
+        getattr(transform, "uses_params", True),
+        getattr(transform, "reframe", None),
+        bound,
+        getattr(transform, "elementwise", False),  # a scalar factor keeps entries apart
     )
 
 
