@@ -194,6 +194,17 @@ def test_a_bad_chunk_bytes_is_refused(bad):
         optim.Adam(chunk_bytes=bad)
 
 
+def test_a_donate_that_is_not_a_bool_is_refused_before_anything_is_written(xp, device):
+    params, mans = _tree(xp, device)
+    opt = optim.Adam(lr=0.05, chunk_bytes=SMALL)
+    state = opt.init(params, mans)
+    before = _host(params)
+    with pytest.raises(TypeError, match="donate must be a bool"):
+        opt.update(params, _grads(params, 0), state, donate="no")
+    for a, b in zip(before, _host(params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_geoarray_torch_steps_in_pieces_in_place(gt, torch, monkeypatch):
     """geoarray.torch donates: with ``chunk_bytes`` small enough to cut its group (a param-group option, as
     torch's ``foreach``), gt.Adam takes its steps in pieces, writes the parameters and the moments in place

@@ -382,6 +382,8 @@ class RiemannianOptimizer:
             raise TypeError(
                 f"state must be the RiemannianState returned by opt.init(params, manifolds), got {type(state).__name__}"
             )
+        if not isinstance(donate, bool):  # "no" is truthy: a string would hand the buffers over silently
+            raise TypeError(f"donate must be a bool (True hands params' and state's buffers over), got {donate!r}")
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
         new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate)
