@@ -145,3 +145,68 @@ def test_leaf_piece_refuses_a_leaf_of_another_group(xp, device):
     other = next(j for j in range(len(state.layout.paths)) if j not in group.indices)
     with pytest.raises(ValueError, match=f"leaf {other} is not in this group"):
         _layout.leaf_piece(group, None, other, state.layout.shapes)
+
+
+def _find(tree, kind, path=()):
+    """The path (tuple positions, as optree writes them) of the first node of type ``kind`` in ``tree``."""
+    if isinstance(tree, kind):
+        return path
+    if isinstance(tree, tuple):
+        for k, child in enumerate(tree):
+            found = _find(child, kind, (*path, k))
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("tree", ["frames only", "with matrices"])
+def test_per_group_nodes_are_what_the_state_declares(xp, device, tree):
+    """``layout.per_group_nodes`` (what geoarray.torch.checkpoint splits into one entry per parameter) holds
+    exactly the state's declared per-group nodes: the fields ``leaf_states`` cuts (BFGS's previous gradient
+    and step), the carried sections, and BFGS's inverse Hessians (declared per unit) where each entry leads
+    with its group's packed shape: one H per frame for a tree of stacked frames; beside a raveled group
+    (one H over its whole vector) the node stays whole, as a cohort-wide entry."""
+    from geoarray.optim.transforms import ScaleByBFGSState
+
+    params, mans = _tree(xp, device)
+    if tree == "frames only":
+        params, mans = {"Y": params["Y"], "Z": params["Z"]}, {"Y": mans["Y"], "Z": mans["Z"]}
+    opt = optim.BFGS(1e-2, section="transported")
+    state = opt.init(params, mans)
+    for k in range(2):
+        params, state = opt.update(params, _grads(params, k), state)
+    matrices = any(group.manifold.is_vector_space for group in state.layout.groups)
+    assert matrices == (tree == "with matrices")
+    assert {group.packing for group in state.layout.groups} == {_layout.AS_IS}
+    bfgs = (state._fields.index("inner"), *_find(state.inner, ScaleByBFGSState))
+    fields = ScaleByBFGSState._fields
+    every = tuple(range(len(state.layout.groups)))
+    expected = {
+        (*bfgs, fields.index("prev_grad")): every,
+        (*bfgs, fields.index("prev_step")): every,
+        (state._fields.index("sections"),): every,
+    }
+    if not matrices:
+        expected[(*bfgs, fields.index("hessian_inv"))] = every
+    assert _layout.per_group_nodes(state) == expected
+    per_leaf = _layout.leaf_states(state)
+    node = state.inner
+    for k in bfgs[1:]:
+        node = node[k]
+    for g, group in enumerate(state.layout.groups):
+        (j,) = group.indices
+        path = state.layout.paths[j]
+        assert set(per_leaf[path]) == {"step", "prev_grad", "prev_step"}
+        assert _same(per_leaf[path]["prev_grad"], node.prev_grad[g]) and _same(
+            per_leaf[path]["prev_step"], node.prev_step[g]
+        )
+
+
+def test_a_state_that_declares_nothing_is_refused_by_per_group_nodes(xp, device):
+    params, mans = _tree(xp, device)
+    opt = optim.partition(
+        {"a": optim.Adam(1e-2), "m": optim.Momentum(1e-2)}, {"Y": ["a"] * 3, "Z": "m", "w": ["a", "a"], "b": "m"}
+    )
+    state = opt.init(params, mans)
+    with pytest.raises(TypeError, match="does not declare"):
+        _layout.per_group_nodes(state)

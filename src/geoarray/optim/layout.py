@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import optree
 
@@ -48,6 +48,7 @@ __all__ = [
     "LeafPath",
     "check_inputs",
     "declared_nodes",
+    "declared_paths",
     "flatten_manifolds",
     "flatten_params",
     "half_dtype",
@@ -60,8 +61,11 @@ __all__ = [
     "make_layout",
     "map_per_group",
     "pack",
+    "packed_prefix",
+    "per_group_nodes",
     "per_leaf",
     "per_leaf_fields",
+    "per_unit",
     "unpack",
 ]
 
@@ -272,6 +276,7 @@ def leaf_piece(group: Group, value: Any, j: int, shapes: tuple) -> Any:
 
 
 _PER_LEAF: dict[type, tuple[tuple[str, str], ...]] = {}
+_PER_UNIT: dict[type, tuple[str, ...]] = {}
 
 
 def per_leaf(*fields: tuple[str, str]) -> Callable[[_T], _T]:
@@ -284,6 +289,30 @@ def per_leaf(*fields: tuple[str, str]) -> Callable[[_T], _T]:
         return cls
 
     return register
+
+
+def per_unit(*fields: str) -> Callable[[_T], _T]:
+    """Class decorator of a transform's state (a NamedTuple): ``fields`` hold one value per parameter group
+    whose entries are per *unit* of the group (a frame of a stack, the whole raveled vector of a Euclidean
+    group; BFGS's inverse-Hessian estimates). They are cut per leaf only where no group ravels its leaves
+    (:func:`unit_paths`, :func:`per_group_nodes`); they have no per-leaf name (not in :func:`leaf_state`)."""
+
+    def register(cls: _T) -> _T:
+        _PER_UNIT[cls] = fields  # type: ignore[index]
+        return cls
+
+    return register
+
+
+def unit_paths(tree: Any, path: tuple = ()) -> Iterator[tuple]:
+    """The paths of the fields that transform states inside ``tree`` declare with :func:`per_unit` (as
+    :func:`declared_paths`)."""
+    if isinstance(tree, tuple):
+        node: Any = tree
+        for field in _PER_UNIT.get(type(tree), ()):
+            yield (*path, node._fields.index(field))
+        for k, child in enumerate(tree):
+            yield from unit_paths(child, (*path, k))
 
 
 def per_leaf_fields(node: Any) -> tuple[tuple[str, str], ...]:
@@ -300,6 +329,79 @@ def declared_nodes(tree: Any) -> Iterator[Any]:
             yield tree
         for child in tree:
             yield from declared_nodes(child)
+
+
+def declared_paths(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
+    """``(path, name)`` of every field that a transform state inside ``tree`` declares with :func:`per_leaf`,
+    ``path`` being the field's position in ``tree`` below ``path`` as optree writes it (tuple and NamedTuple
+    positions), the same nodes as :func:`declared_nodes`."""
+    if isinstance(tree, tuple):
+        node: Any = tree
+        for field, name in per_leaf_fields(tree):
+            yield (*path, node._fields.index(field)), name
+        for k, child in enumerate(tree):
+            yield from declared_paths(child, (*path, k))
+
+
+def packed_prefix(layout: Layout, group: Group) -> tuple[int, ...]:
+    """The leading shape of a group's packed arrays (:func:`pack`): the batch shape of its points (stacked:
+    with the stack's length first), or the raveled length of its Euclidean leaves."""
+    k = len(group.manifold.point_shape or ())
+    first = layout.shapes[group.indices[0]]
+    base = tuple(first[: len(first) - k])
+    if group.packing == AS_IS:
+        return base
+    if group.packing == STACKED:
+        return (len(group.indices), *base)
+    return (sum(math.prod(layout.shapes[i]) for i in group.indices),)
+
+
+def _leads_with_prefix(entry: Any, layout: Layout, group: Group) -> bool:
+    prefix = packed_prefix(layout, group)
+    for leaf in optree.tree_leaves(entry):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if shape[: len(prefix)] != prefix or (group.packing == RAVELED and shape != prefix):
+            return False
+        if not prefix and not group.manifold.is_vector_space and not shape:
+            return False  # a scalar beside one matrix's state is not that matrix's piece
+    return True
+
+
+def per_group_nodes(state: Any) -> dict[tuple, tuple[int, ...]]:
+    """``{path: groups}`` for every node of an optimizer state that holds one entry per parameter group, as
+    the state declares them: ``state.per_group_paths()`` yields a path into the state and the layout groups
+    its entries belong to, in order (the fields of :func:`per_leaf`, carried sections, momentum buffers);
+    ``state.per_unit_paths()``, where the state has it, the fields of :func:`per_unit`, kept where every
+    entry leads with its group's packed shape (:func:`packed_prefix`: a stack's H per frame, not a raveled
+    group's one H). Only nodes that hold arrays, one entry per named group, are kept (a field a transform
+    leaves empty, ``()``, is not). ``TypeError`` for a state that declares none (``partition``'s, optax's
+    own). What ``geoarray.torch.checkpoint`` splits into one entry per parameter."""
+    paths = getattr(state, "per_group_paths", None)
+    if paths is None:
+        raise TypeError(
+            f"the optimizer state {type(state).__name__} does not declare which of its arrays belong to which "
+            "parameter group (per_group_paths)"
+        )
+    layout = state.layout
+
+    def node_at(path: tuple) -> Any:
+        node = state
+        for k in path:
+            node = node[k]
+        return node
+
+    found: dict[tuple, tuple[int, ...]] = {}
+    units = getattr(state, "per_unit_paths", None)
+    declared = [(path, groups, False) for path, groups in paths()]
+    declared += [(path, groups, True) for path, groups in (units() if units is not None else ())]
+    for path, groups, unit in declared:
+        node = node_at(path)
+        if not isinstance(node, (tuple, list)) or len(node) != len(groups) or not optree.tree_leaves(cast(Any, node)):
+            continue
+        if unit and not all(_leads_with_prefix(e, layout, layout.groups[g]) for e, g in zip(node, groups, strict=True)):
+            continue
+        found[tuple(path)] = tuple(groups)
+    return found
 
 
 def map_per_group(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:

@@ -82,6 +82,18 @@ class ManifoldMuonState(NamedTuple):
                 if isinstance(value, tuple) and len(value) == len(euclid):
                     yield name, value, euclid
 
+    def per_group_paths(self) -> Iterator[tuple[tuple, tuple[int, ...]]]:
+        """``(path, groups)`` of every node holding one entry per group: the momentum buffers and duals of
+        every group, and the per-group fields of the Muon state over the Euclidean groups
+        (:func:`~geoarray.optim.layout.per_group_nodes`)."""
+        groups = self.layout.groups
+        every = tuple(range(len(groups)))
+        euclid = tuple(g for g, group in enumerate(groups) if group.manifold.is_vector_space)
+        yield (self._fields.index("buffers"),), every
+        yield (self._fields.index("duals"),), every
+        for path, _ in _layout.declared_paths(self.muon, (self._fields.index("muon"),)):
+            yield path, euclid
+
 
 class ManifoldMuon:
     """Manifold Muon on Stiefel and Grassmann leaves, Muon on Euclidean matrix leaves (module docstring).

@@ -168,6 +168,25 @@ class RiemannianState(NamedTuple):
                 if isinstance(value, tuple) and len(value) == len(groups):  # () where nothing is stored
                     yield name, value, groups
 
+    def per_group_paths(self) -> Iterator[tuple[tuple, tuple[int, ...]]]:
+        """``(path, groups)`` of every node holding one entry per parameter group: the fields the transform's
+        state declares (:func:`~geoarray.optim.layout.per_leaf`) and the carried sections, every group's
+        (:func:`~geoarray.optim.layout.per_group_nodes`; what ``geoarray.torch.checkpoint`` splits per
+        parameter)."""
+        groups = tuple(range(len(self.layout.groups)))
+        inner = (self._fields.index("inner"),)
+        for path, _ in _layout.declared_paths(self.inner, inner):
+            yield path, groups
+        yield (self._fields.index("sections"),), groups
+
+    def per_unit_paths(self) -> Iterator[tuple[tuple, tuple[int, ...]]]:
+        """``(path, groups)`` of the fields declared per unit (:func:`~geoarray.optim.layout.per_unit`:
+        BFGS's H), per group where their entries lead with the groups' packed shapes
+        (:func:`~geoarray.optim.layout.per_group_nodes`)."""
+        groups = tuple(range(len(self.layout.groups)))
+        for path in _layout.unit_paths(self.inner, (self._fields.index("inner"),)):
+            yield path, groups
+
 
 class RiemannianOptimizer:
     """Algorithm 1 around a vector-space transform (see the module docstring).

@@ -130,6 +130,8 @@ class ClipByGlobalNormState(NamedTuple):
     """State of :func:`clip_by_global_norm`: none (the clipping is memoryless)."""
 
 
+@_layout.per_leaf(("prev_grad", "prev_grad"), ("prev_step", "prev_step"))
+@_layout.per_unit("hessian_inv")  # one H per frame of a stack, one for a raveled group's whole vector
 class ScaleByBFGSState(NamedTuple):
     """State of :func:`scale_by_bfgs`: the previous gradient and step and the inverse-Hessian estimate H."""
 

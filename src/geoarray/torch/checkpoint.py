@@ -38,10 +38,11 @@ checkpoint therefore loads on W' ≠ W ranks, or in one process, and the resumed
 uninterrupted one to rounding (on different ranks the gradients are reduce-scattered means, which
 round differently) — bit for bit only on the same ranks, where ``optimizer.state_dict()`` also serves.
 
-The per-group entries of a cohort state are found by position: a tuple with one entry per layout
-group (or per Euclidean group, or per manifold group), each entry's tensors leading with that group's
-packed shape (its batch shape for a manifold group; the parameter's shape for a Euclidean one). This
-holds for every core of geoarray.optim that keeps a ``layout`` (Adam, SGD, Momentum, PaperAdam,
+The per-group entries of a cohort state are those the state declares
+(:func:`geoarray.optim.layout.per_group_nodes`: its ``per_group_paths``, each transform's per-group
+fields declared with :func:`~geoarray.optim.layout.per_leaf`): a tuple with one entry per layout group
+(or per Euclidean group), each entry's tensors leading with that group's packed shape. Every core of
+geoarray.optim that keeps a ``layout`` declares them (Adam, SGD, Momentum, PaperAdam, BFGS,
 ManifoldMuon, Muon, ``riemannian(...)``); a core whose state has no layout is refused (``TypeError``).
 
 Under ``torch.distributed.optim.ZeroRedundancyOptimizer`` (ZeRO-1) both functions take the ZeRO
@@ -63,7 +64,7 @@ from typing import Any
 import optree
 import torch
 
-from ..optim.layout import AS_IS, STACKED
+from ..optim.layout import AS_IS, STACKED, per_group_nodes
 from . import _dtensor
 
 __all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
@@ -75,73 +76,15 @@ _NOT_HYPER = _HYPER_SKIP | {"initial_lr"}  # an LR scheduler's bookkeeping
 # -- the cohort state, split into per-parameter pieces and packed back ---------------------------------
 
 
-def _prefix(layout: Any, group: Any) -> tuple:
-    """The leading shape of the group's packed arrays: the batch shape of its (stacked) points, or the
-    raveled length of its Euclidean leaves."""
-    k = len(group.manifold.point_shape or ())
-    shapes = layout.shapes
-
-    def base(i: int) -> tuple:
-        return tuple(shapes[i][: len(shapes[i]) - k])
-
-    if group.packing == AS_IS:
-        return base(group.indices[0])
-    if group.packing == STACKED:
-        return (len(group.indices), *base(group.indices[0]))
-    return (sum(math.prod(shapes[i]) for i in group.indices),)
-
-
-def _fits(child: Any, group: Any, layout: Any) -> bool:
-    prefix = _prefix(layout, group)
-    for leaf in optree.tree_leaves(child):
-        if not isinstance(leaf, torch.Tensor) or tuple(leaf.shape[: len(prefix)]) != prefix:
-            return False
-        if not prefix and not group.manifold.is_vector_space and leaf.ndim == 0:
-            return False  # a counter beside a single matrix's state: the cohort's, not the group's
-        if group.packing not in (AS_IS, STACKED) and tuple(leaf.shape) != prefix:
-            return False
-    return True
-
-
-def _group_nodes(state: Any, layout: Any) -> dict:
-    """Paths of the tuples holding one entry per layout group (or per Euclidean or manifold group),
-    each with the group indices of its entries."""
-    groups = layout.groups
-    choices = (
-        tuple(range(len(groups))),
-        tuple(g for g, grp in enumerate(groups) if grp.manifold.is_vector_space),
-        tuple(g for g, grp in enumerate(groups) if not grp.manifold.is_vector_space),
-    )
-    found: dict = {}
-
-    def visit(node: Any, path: tuple) -> None:
-        if isinstance(node, torch.Tensor) or node is None:
-            return
-        children, _, entries, _ = optree.tree_flatten_one_level(node)
-        if type(node) in (tuple, list) and optree.tree_leaves(node):
-            for choice in choices:
-                if len(choice) == len(children) and all(
-                    _fits(c, groups[g], layout) for c, g in zip(children, choice, strict=True)
-                ):
-                    found[path] = choice
-                    return
-        for child, entry in zip(children, entries, strict=True):
-            visit(child, (*path, entry))
-
-    visit(state, ())
-    return found
-
-
 def _slots(state: Any) -> list[tuple[str, int | None, Any, tuple]]:
     """Every state tensor as ``(slot, group index or None, tensor, path)``; the slot names the tensor's
     path with the group's position replaced by ``*``."""
-    layout = getattr(state, "layout", None)
-    if layout is None:
+    if getattr(state, "layout", None) is None or getattr(state, "per_group_paths", None) is None:
         raise TypeError(
             f"the optimizer state {type(state).__name__} has no layout: its tensors cannot be assigned to "
             "parameters; save it with optimizer.state_dict() and resume on the same ranks"
         )
-    nodes = _group_nodes(state, layout)
+    nodes = per_group_nodes(state)  # the state declares its per-group nodes (geoarray.optim.layout)
     paths, leaves, _ = optree.tree_flatten_with_path(state)
     out: list[tuple[str, int | None, Any, tuple]] = []
     for path, leaf in zip(paths, leaves, strict=True):
