@@ -10,7 +10,7 @@ __all__ = ["DISTRIBUTION", "EXTRAS", "install_hint"]
 
 DISTRIBUTION = "geoarray-ml"
 #: the extras of pyproject.toml's [project.optional-dependencies] (tests/test_install_hints.py keeps them equal)
-EXTRAS = ("torch", "jax", "cupy", "scipy", "demo", "gauge", "test", "dev", "docs", "bench")
+EXTRAS = ("torch", "jax", "cupy", "scipy", "demo", "gauge", "test", "dev", "docs", "bench", "hf")
 
 
 def install_hint(extra: str) -> str:
