@@ -37,6 +37,17 @@ SECTIONS = ("householder", "random", "transported", "rotated")
 RETRACTIONS = ("geodesic", "cayley")
 
 
+class _Required:
+    """The default of a required size argument, so that a shapeless call (geoopt's ``Stiefel()``) gets its
+    own error, while an explicit bad value (``None``, ``8.0``) gets :func:`check_size`'s."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = _Required()
+
+
 def check_size(value: Any, name: str) -> int:
     """A positive integer size (ints and NumPy integers; bools and floats are refused)."""
     if isinstance(value, bool):
@@ -107,11 +118,76 @@ class Manifold(abc.ABC):
     #: :meth:`nearest_point` has a closed form (orthonormal frames: the polar factor)
     has_nearest_point: bool = False
 
-    @abc.abstractmethod
     def random(
+        self,
+        *size: Any,
+        xp: Any = None,
+        seed: Any = None,
+        batch_shape: Any = REQUIRED,
+        dtype: Any = None,
+        device: Any = None,
+        **kwargs: Any,
+    ) -> Array:
+        """A random point (for Stiefel: Algorithm 3), called geoarray's way or geoopt's.
+
+        * geoarray's (the contract): ``M.random(seed, *, xp, batch_shape=(), dtype=None, device=None)``, a
+          batch of ``batch_shape`` points of namespace ``xp`` drawn from ``seed`` (an int, a NumPy
+          ``SeedSequence``/``Generator`` or a ``torch.Generator``; ``None`` with ``xp=torch``: torch's default
+          generator). A call with ``xp`` and one positional argument that is not a tuple is this form.
+        * geoopt's (``geoopt.Manifold.random(*size, dtype=None, device=None)``): ``M.random(10, 3)`` or
+          ``M.random((5, 10, 3))``, the full shape, which must end in :attr:`point_shape` (its leading axes
+          are the batch); ``xp`` defaults to torch (geoopt is a torch library) and ``seed`` to torch's default
+          generator, so ``torch.manual_seed`` makes it reproducible as it makes geoopt's. It returns a plain
+          array (geoopt returns a ``ManifoldTensor``; wrap it in ``geoarray.torch.ManifoldParameter``).
+
+        Both draw the manifold's law: Haar (uniform) for Stiefel and Grassmann (Algorithm 3: QR of a
+        Gaussian, signs fixed by diag(R), Mezzadri 2006), standard normal entries for Euclidean, Q·Cay(W)E
+        for SymplecticStiefel (its ``_random_point``); extra keywords (SymplecticStiefel's ``scale``) pass
+        through.
+        """
+        if xp is not None and (not size or (len(size) == 1 and not isinstance(size[0], (tuple, list)))):
+            if size and seed is not None:
+                raise TypeError(f"{self!r}.random got the seed twice (positionally and as seed=); pass one")
+            return self._random_point(
+                size[0] if size else seed,
+                xp=xp,
+                # REQUIRED: not given; an explicit None is refused by check_batch_shape, as it was
+                batch_shape=() if batch_shape is REQUIRED else batch_shape,
+                dtype=dtype,
+                device=device,
+                **kwargs,
+            )
+        if batch_shape is not REQUIRED:
+            raise TypeError(
+                f"{self!r}.random({', '.join(map(repr, size))}, ...) is geoopt's form, which takes the whole "
+                "shape, not batch_shape; write M.random(*batch_shape, *M.point_shape) or geoarray's "
+                "M.random(seed, xp=..., batch_shape=...)"
+            )
+        shape = check_batch_shape(size[0] if len(size) == 1 else size, "size")
+        point = () if self.point_shape is None else tuple(self.point_shape)
+        k = len(point)
+        if k and (len(shape) < k or shape[len(shape) - k :] != point):
+            raise ValueError(
+                f"size {shape} does not end in the point shape {point} of {self!r}: geoopt's form "
+                f"M.random(*size) takes the whole shape (e.g. M.random(*{point})); geoarray's form is "
+                "M.random(seed, xp=...)"
+            )
+        if xp is None:
+            try:
+                import torch as xp
+            except ModuleNotFoundError:
+                raise TypeError(
+                    f"{self!r}.random(*size) without xp draws torch tensors, as geoopt does, but torch is not "
+                    "installed; pass the namespace, e.g. M.random(*size, xp=numpy, seed=0)"
+                ) from None
+        batch = shape[: len(shape) - k] if k else shape
+        return self._random_point(seed, xp=xp, batch_shape=batch, dtype=dtype, device=device, **kwargs)
+
+    def _random_point(
         self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
     ) -> Array:
-        """A random point (for Stiefel: Algorithm 3)."""
+        """The law of :meth:`random`, geoarray's form; a concrete manifold implements it."""
+        raise NotImplementedError(f"{type(self).__name__} implements no random points (_random_point)")
 
     @abc.abstractmethod
     def rgrad(self, Y: Array, dL: Array) -> Array:
@@ -181,6 +257,102 @@ class Manifold(abc.ABC):
     @abc.abstractmethod
     def is_tangent(self, Y: Array, D: Array, atol: float | None = None) -> bool:
         """Whether D is tangent at Y within atol."""
+
+    def project(self, Y: Array, G: Array) -> Array:
+        """The orthogonal projection of an ambient G onto the tangent space T_Y M (each manifold states its
+        metric); concrete manifolds implement it."""
+        raise NotImplementedError(f"{type(self).__name__} implements no tangent projection (project)")
+
+    # -- geoopt's vocabulary ---------------------------------------------------------------------------
+    # Thin aliases with geoopt's names and argument order (geoopt.manifolds.Manifold): geoopt code calls
+    # these on a manifold, and each is one call of the contract above, nothing recomputed differently.
+
+    def projx(self, x: Array) -> Array:
+        """geoopt-compatible ``projx(x)``: the point of the manifold nearest to x, :meth:`nearest_point`
+        (for orthonormal frames the polar factor U Vᵀ of x = U Σ Vᵀ, as geoopt's Stiefel computes it by an
+        SVD). A manifold without a closed-form projection (SymplecticStiefel) raises
+        ``NotImplementedError`` naming the fix."""
+        if not self.has_nearest_point:
+            raise NotImplementedError(
+                f"{self!r} has no closed-form projection onto the manifold (projx): start from a point, "
+                "M.random(seed, xp=...), and keep it there with a Riemannian optimizer (geoarray.optim, "
+                "geoarray.torch.Adam)"
+            )
+        return self.nearest_point(x)
+
+    def proju(self, x: Array, u: Array) -> Array:
+        """geoopt-compatible ``proju(x, u)``: the orthogonal projection of u onto the tangent space at x,
+        :meth:`project` (Stiefel: u − x sym(xᵀu), as geoopt's ``EuclideanStiefel.proju``; Grassmann:
+        (I − xxᵀ)u). Idempotent. geoopt's default ``Stiefel()`` (canonical) defines ``proju`` as its
+        ``egrad2rgrad``, u − x uᵀx, which is not a projection (it doubles the x·skew part of a tangent
+        vector); geoopt code that wants that map calls :meth:`egrad2rgrad`, which is it."""
+        return self.project(x, u)
+
+    def egrad2rgrad(self, x: Array, u: Array) -> Array:
+        """geoopt-compatible ``egrad2rgrad(x, u)``: the Riemannian gradient at x of a function whose
+        Euclidean gradient is u, :meth:`rgrad` itself (Stiefel, canonical metric: u − x uᵀx, eq. 4 of
+        Brantner, as geoopt's default ``Stiefel()``, i.e. ``CanonicalStiefel``)."""
+        return self.rgrad(x, u)
+
+    def retr(self, x: Array, u: Array) -> Array:
+        """geoopt-compatible ``retr(x, u)``: a retraction, the point reached from x along the tangent vector
+        u, R_x(0) = x and d/dt R_x(tu)|₀ = u.
+
+        It is Algorithm 1's step with a given tangent vector: λ(x)·Retraction(λ(x)⁻¹Ω(u)λ(x))·E
+        (:meth:`global_section`, :meth:`global_rep`, :meth:`apply_retraction`; eqs. 11 and 13 of Brantner),
+        i.e. exp(Ω(u))x or Cay(Ω(u))x by the manifold's ``retraction_method``, with Ω(u)x = u. The part
+        of u normal to the manifold is dropped (global_rep reads the tangent part). For Stiefel with
+        ``retraction_method="cayley"`` and xᵀu = 0 this is geoopt's ``CanonicalStiefel.retr``,
+        (I − ½A)⁻¹(I + ½A)x with A = uxᵀ − xuᵀ; geoopt's map has initial velocity u + x xᵀu instead of u
+        where xᵀu ≠ 0."""
+        lam = self.global_section(x)
+        return self.apply_retraction(lam, self.global_rep(lam, u))
+
+    def inner(self, x: Array, u: Array, v: Array | None = None, *, keepdim: bool = False) -> Array:
+        """geoopt-compatible ``inner(x, u, v=None, *, keepdim=False)``: the Riemannian metric g_x(u, v)
+        (g_x(u, u) when v is None), :meth:`metric`; one value per point of a batch, with the point axes
+        kept as size-1 axes when ``keepdim`` (as geoopt's sum over them). Euclidean sums over every axis
+        (geoarray's Euclidean has no batch axes; geoopt's ``Euclidean()`` of ``ndim=0`` multiplies
+        elementwise)."""
+        out = self.metric(x, u, u if v is None else v)
+        if not keepdim:
+            return out
+        xp = array_namespace(x=x)
+        k = x.ndim if self.point_shape is None else len(self.point_shape)
+        return xp.reshape(out, (*out.shape, *(1,) * k))
+
+    def transp(self, x: Array, y: Array, v: Array) -> Array:
+        """geoopt's ``transp(x, y, v)`` (a vector transport) has no counterpart here: geoarray's optimizers
+        keep their caches in the global tangent representation g^hor (:meth:`global_rep`), which needs
+        no transport between tangent spaces (geoopt's default canonical ``Stiefel()`` has none either).
+        Raises ``NotImplementedError`` naming the replacement."""
+        raise NotImplementedError(
+            f"{self!r} has no vector transport (transp): geoarray's optimizers keep caches in g^hor, which "
+            "needs none; to move v into the tangent space at y, project it: M.proju(y, v)"
+        )
+
+    def _check_point_on_manifold(self, x: Array, *, atol: float = 1e-5, rtol: float = 1e-5) -> tuple[bool, str | None]:
+        """geoopt-compatible ``_check_point_on_manifold(x, *, atol, rtol)``: ``(ok, reason)``, ``reason``
+        None when ok. ``ok`` is :meth:`is_point` at ``atol`` (orthonormal frames: max|xᵀx − I| ≤ atol, which
+        is geoopt's ``allclose(xᵀx − I, 0, atol, rtol)``: compared with zero, ``rtol`` has no effect there
+        nor here). A shape that does not end in :attr:`point_shape` is ``(False, reason)``, not an error."""
+        shape = self.point_shape
+        if shape is not None and (x.ndim < len(shape) or tuple(x.shape[x.ndim - len(shape) :]) != tuple(shape)):
+            return False, f"x has shape {tuple(x.shape)}, which does not end in {tuple(shape)} as {self!r} needs"
+        if self.is_point(x, atol=atol):
+            return True, None
+        err = self.point_error(x)
+        measured = "" if err is None else f" (measured {err:.3g})"
+        return False, f"x is not a point of {self!r} within atol={atol}, rtol={rtol}{measured}"
+
+    def check_point_on_manifold(
+        self, x: Array, *, explain: bool = False, atol: float = 1e-5, rtol: float = 1e-5
+    ) -> bool | tuple[bool, str | None]:
+        """geoopt-compatible ``check_point_on_manifold(x, *, explain=False, atol=1e-5, rtol=1e-5)``: whether
+        x lies on the manifold (:meth:`_check_point_on_manifold`, geoopt's defaults); with ``explain`` the
+        pair ``(ok, reason)``."""
+        ok, reason = self._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        return (ok, reason) if explain else ok
 
     def _strategy(self, strategy: str | None) -> str:
         strategy = getattr(self, "section", "householder") if strategy is None else strategy

@@ -38,7 +38,7 @@ class Euclidean(Manifold):
     def __repr__(self) -> str:
         return "Euclidean()"
 
-    def random(
+    def _random_point(
         self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
     ) -> Array:
         """Standard normal entries of shape ``batch_shape``."""

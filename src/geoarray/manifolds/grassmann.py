@@ -63,7 +63,8 @@ class Grassmann(OrthonormalFrames):
         return dL - Y @ (xp.matrix_transpose(Y) @ dL)
 
     def omega(self, Y: Array, D: Array) -> Array:
-        """Ω(Δ) = ΔYᵀ − YΔᵀ ∈ g^{hor,Y}, dense N×N: for tests and docs."""
+        """:math:`\\Omega(\\Delta) = \\Delta Y^\\top - Y\\Delta^\\top \\in \\mathfrak g^{\\mathrm{hor},Y}`, dense N×N:
+        for tests and docs."""
         xp = self._check_point(Y)
         self._check_tangent_shape(Y, D, "D")
         return D @ xp.matrix_transpose(Y) - Y @ xp.matrix_transpose(D)

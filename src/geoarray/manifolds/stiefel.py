@@ -34,7 +34,7 @@ from .. import _backend, linalg
 from .. import random as _random
 from .._backend import as_namespace
 from .._backend import device as _device
-from .base import RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
+from .base import REQUIRED, RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
 from .retraction import bjorck_step, kernel_norm_bound, retract_e, retract_square, retraction_kernel
 from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, householder_section
@@ -105,14 +105,22 @@ class OrthonormalFrames(Manifold):
 
     def __init__(
         self,
-        N: int,
-        n: int,
+        N: int = REQUIRED,
+        n: int = REQUIRED,
         *,
         section: str = "householder",
         retraction_method: str = "geodesic",
         validate: bool = False,
         max_doublings: int = 64,
     ):
+        if N is REQUIRED or n is REQUIRED:
+            # geoopt's Stiefel() is shapeless; say what to write instead of Python's "missing argument"
+            name = type(self).__name__
+            raise TypeError(
+                f"{name}() needs its shape: geoarray checks every point and tangent against (N, n) and batches "
+                f"all weights of one manifold into one update, so write {name}(N, n) for N×n frames (n ≤ N), "
+                f"e.g. {name}(*weight.shape[-2:]) for a tall weight"
+            )
         self.N = check_size(N, "N")
         self.n = check_size(n, "n")
         if self.n > self.N:
@@ -157,7 +165,7 @@ class OrthonormalFrames(Manifold):
 
     # -- points ------------------------------------------------------------------------------
 
-    def random(
+    def _random_point(
         self, seed: Any, *, xp: Any, batch_shape: tuple[int, ...] = (), dtype: Any = None, device: Any = None
     ) -> Array:
         """A Haar-distributed point (Algorithm 3: QR of a Gaussian N×n matrix).
@@ -345,7 +353,7 @@ class OrthonormalFrames(Manifold):
 
 
 class Stiefel(OrthonormalFrames):
-    r"""St(N, n) = {Y ∈ R^{N×n} : YᵀY = I_n}, a homogeneous space of O(N).
+    r""":math:`\mathrm{St}(N, n) = \{Y \in \mathbb R^{N\times n} : Y^\top Y = I_n\}`, a homogeneous space of O(N).
 
     The operations of Algorithm 1 (Brantner, *Generalizing Adam to Manifolds for Efficiently Training
     Transformers*, eqs. 2, 11, 13 and 17), with the canonical metric and the section λ(Y) = [Y, Q⊥]:
@@ -413,7 +421,8 @@ class Stiefel(OrthonormalFrames):
         return dL - Y @ (xp.matrix_transpose(dL) @ Y)
 
     def omega(self, Y: Array, D: Array) -> Array:
-        """Ω(Δ) = (I − ½YYᵀ)ΔYᵀ − YΔᵀ(I − ½YYᵀ) ∈ g^{hor,Y} (eq. 10), dense N×N: for tests and docs."""
+        """:math:`\\Omega(\\Delta) = (I - \\tfrac12 YY^\\top)\\Delta Y^\\top - Y\\Delta^\\top(I - \\tfrac12 YY^\\top)
+        \\in \\mathfrak g^{\\mathrm{hor},Y}` (eq. 10), dense N×N: for tests and docs."""
         xp = self._check_point(Y)
         self._check_tangent_shape(Y, D, "D")
         Yt = xp.matrix_transpose(Y)

@@ -79,7 +79,7 @@ from .. import random as _random
 from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from ._symplectic import broadcast_shapes, hamiltonian_blocks, j_times, jt_times, rows, stack_rows, symplectic_inverse
-from .base import RETRACTIONS, Manifold, check_batch_shape, check_choice, check_size
+from .base import REQUIRED, RETRACTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import SymplecticStiefelHorizontal
 from .retraction import retract_e
 from .sections import SymplecticSection, lam_apply_inv
@@ -256,7 +256,8 @@ def _check_even_size(value: Any, name: str) -> int:
 
 
 class SymplecticStiefel(Manifold):
-    """SpSt(N2, n2) = {Y ∈ R^{N2×n2} : Yᵀ𝕁_{N2}Y = 𝕁_{n2}}, a homogeneous space of Sp(N2).
+    """:math:`\\mathrm{SpSt}(N_2, n_2) = \\{Y \\in \\mathbb R^{N_2\\times n_2} : Y^\\top \\mathbb J_{N_2} Y = \\mathbb
+    J_{n_2}\\}`, a homogeneous space of Sp(N2).
 
     Parameters
     ----------
@@ -280,8 +281,8 @@ class SymplecticStiefel(Manifold):
 
     def __init__(
         self,
-        N2: int,
-        n2: int,
+        N2: int = REQUIRED,
+        n2: int = REQUIRED,
         *,
         section: str = "householder",
         retraction_method: str = "cayley",
@@ -289,6 +290,12 @@ class SymplecticStiefel(Manifold):
         validate: bool = False,
         max_doublings: int = 64,
     ):
+        if N2 is REQUIRED or n2 is REQUIRED:
+            raise TypeError(
+                "SymplecticStiefel() needs its shape: geoarray checks every point and tangent against "
+                "(N2, n2) and batches all weights of one manifold into one update, so write "
+                "SymplecticStiefel(N2, n2) for N2×n2 points (even, n2 ≤ N2)"
+            )
         self.N2 = _check_even_size(N2, "N2")
         self.n2 = _check_even_size(n2, "n2")
         if self.n2 > self.N2:
@@ -344,14 +351,15 @@ class SymplecticStiefel(Manifold):
         return self.n * (4 * self.N - 2 * self.n + 1)
 
     def distinguished_point(self, like: Array) -> Array:
-        """E: columns e₁…e_n, e_{N+1}…e_{N+n} of I_{2N}, with the namespace/dtype/device of ``like``."""
+        """E: columns :math:`e_1, \\dots, e_n, e_{N+1}, \\dots, e_{N+n}` of :math:`I_{2N}`, with the
+        namespace/dtype/device of ``like``."""
         xp = array_namespace(like=like)
         eye = linalg.eye(self.N2, like)
         return xp.concat([eye[:, : self.n], eye[:, self.N : self.N + self.n]], axis=-1)
 
     # -- points -------------------------------------------------------------------------------
 
-    def random(
+    def _random_point(
         self,
         seed: Any,
         *,
@@ -434,7 +442,8 @@ class SymplecticStiefel(Manifold):
         return _backend.compiled(_rgrad, xp, "xp")(Y, dL, xp=xp)
 
     def project(self, Y: Array, G: Array) -> Array:
-        """The g_Y-orthogonal projection of G ∈ R^{2N×2n} onto T_Y: rgrad(Y, 𝒢_Y G), where
+        """The :math:`g_Y`-orthogonal projection of :math:`G \\in \\mathbb R^{2N\\times 2n}` onto :math:`T_Y`:
+        rgrad(Y, 𝒢_Y G), where
         𝒢_Y G = (I − ½𝕁ᵀY(YᵀY)⁻¹Yᵀ𝕁) G (YᵀY)⁻¹ is the Euclidean representer of g_Y(G, ·)."""
         xp = self._check_point(Y)
         self._check_tangent_shape(Y, G, "G")

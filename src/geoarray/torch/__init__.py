@@ -1,5 +1,7 @@
 """PyTorch embedding of geoarray: ``ManifoldParameter``, ``torch.optim`` optimizers, ``nn.Module`` layers.
 
+In use (``x`` a tensor of shape ``(..., 10)``)::
+
     import geoarray, geoarray.torch as gt
     layer = gt.nn.StiefelLayer(10, 3)                       # layer.params.Y is a ManifoldParameter on Stiefel(10, 3)
     opt = gt.Adam(layer.parameters(), lr=1e-2)              # a torch.optim.Optimizer
@@ -9,7 +11,13 @@
   off the manifold are mapped to the nearest point (polar factor) unless ``project=False``;
   ``p.proj_()`` and :func:`project_` project in place.
 * :func:`orthogonal_` (:mod:`.constraints`): constrain an existing module's weight to orthonormal
-  columns (tall/square) or rows (wide), like ``geotorch.orthogonal``.
+  columns (tall/square) or rows (wide), like ``geotorch.orthogonal``; :mod:`.init`: geotorch's
+  initialisers ``torus_init_``, ``uniform_init_`` (Haar), and ``eye_init_``.
+* Other optimizers: any ``torch.optim`` optimizer that is not geoarray's warns at its first step on
+  ManifoldParameters (its Euclidean steps leave the manifold); :func:`project_after` makes it project
+  onto the manifolds after each step (a projected, not Riemannian, method). ``load_state_dict(...,
+  assign=True)`` and ``module.weight = nn.Parameter(W)`` keep the manifold (projected); torch's own
+  ``fully_shard`` is refused at the first step, naming :func:`fully_shard` (:mod:`._foreign`).
 * :class:`Adam`, :class:`AdamW`, :class:`SGD` (:mod:`.conventions`): ``torch.optim``'s signatures,
   defaults and formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
   ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
@@ -75,8 +83,9 @@ except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(f"geoarray.torch needs PyTorch: {install_hint('torch')}", name="torch") from None
 
 from .. import _backend
-from . import checkpoint, guards, nn
+from . import _foreign, adapters, checkpoint, guards, init, nn
 from ._dtensor import fully_shard
+from ._foreign import project_after
 from .constraints import orthogonal_
 from .guards import skip_guards_on_library_globals
 from .optim import (
@@ -95,6 +104,7 @@ from .optim import (
 from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
 
 _backend.as_namespace(_torch)  # registers torch.Tensor's namespace: a first call inside torch.compile finds it
+_foreign.install()  # torch's global hooks: foreign optimizers warn, replaced ManifoldParameters keep their manifold
 
 __all__ = [
     "SGD",
@@ -109,13 +119,16 @@ __all__ = [
     "Muon",
     "Optimizer",
     "PaperAdam",
+    "adapters",
     "checkpoint",
     "fully_shard",
     "guards",
+    "init",
     "manifold_of",
     "nearest_point",
     "nn",
     "orthogonal_",
     "project_",
+    "project_after",
     "skip_guards_on_library_globals",
 ]

@@ -28,20 +28,32 @@ import torch
 from torch.nn.utils import parametrize
 
 from ..manifolds.grassmann import Grassmann
-from ..manifolds.stiefel import Stiefel
+from ..manifolds.stiefel import OrthonormalFrames, Stiefel
 from .parameter import ManifoldParameter
 
 __all__ = ["orthogonal_"]
 
 
 class _Transpose(torch.nn.Module):
-    """W = Xᵀ: a wide weight with orthonormal rows from a tall point X with orthonormal columns."""
+    """W = Xᵀ: a wide weight with orthonormal rows from a tall point X with orthonormal columns.
+
+    ``right_inverse`` (what ``module.weight = W`` calls through ``torch.nn.utils.parametrize``) stores the
+    nearest point of the manifold to Wᵀ (the polar factor), so an assigned weight lands on the manifold, as
+    geotorch's assignment does."""
+
+    def __init__(self, manifold: OrthonormalFrames | None = None) -> None:
+        super().__init__()
+        self.manifold = manifold
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         return X.mT
 
     def right_inverse(self, W: torch.Tensor) -> torch.Tensor:
-        return W.mT.contiguous()
+        manifold = getattr(self, "manifold", None)  # None: pickled before it was kept, or orthogonal_ itself
+        X = W.detach().mT
+        if manifold is None or not X.numel():
+            return X.contiguous()
+        return manifold.nearest_point(X).contiguous()
 
 
 def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: bool = False) -> torch.nn.Module:
@@ -76,9 +88,11 @@ def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: boo
     if rows >= cols:
         setattr(module, name, ManifoldParameter(weight.detach(), kind(rows, cols), weight.requires_grad))
         return module
-    parametrize.register_parametrization(module, name, _Transpose(), unsafe=True)
+    transpose = _Transpose()
+    parametrize.register_parametrization(module, name, transpose, unsafe=True)
     # register_parametrization made module.parametrizations a ModuleDict (torch types it as Tensor | Module)
     plist: Any = cast(torch.nn.ModuleDict, module.parametrizations)[name]
     original = plist.original
     plist.original = ManifoldParameter(original.detach(), kind(cols, rows), original.requires_grad)
+    transpose.manifold = plist.original.manifold  # from now on, module.<name> = W projects onto it
     return module

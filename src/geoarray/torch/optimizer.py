@@ -76,7 +76,7 @@ from .. import optim as _optim
 from .._backend import host_reads_allowed
 from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
-from . import _dtensor
+from . import _dtensor, _foreign
 from ._agreement import agree_on_step, check_skip_together, keep_where_taken
 from ._grad_scaler import (
     core_skips_itself,
@@ -397,6 +397,8 @@ class Optimizer(torch.optim.Optimizer):
         core then records its layout on random points of the same shapes, dtypes and devices.
         """
         params = [group["params"][i] for i in indices]
+        # torch's own fully_shard dropped a manifold: refuse rather than step it as Euclidean (free without DTensors)
+        _foreign.refuse_torch_sharded(params, lambda k: self._name(group, gi, indices[k]))
         manifolds = [manifold_of(p) for p in params]
         sharded = _dtensor.views(self, group, params, grads=False)  # DTensors (FSDP2): what this rank steps
         tensors = params if sharded is None else sharded.leaves

@@ -54,7 +54,8 @@ def _off_manifold_message(name: str, tensor: torch.Tensor, manifold: Manifold, *
     if manifold.has_nearest_point:
         fix = (
             "project it to the nearest point: ManifoldParameter(data, M) (project=True, the default), "
-            "p.proj_() or geoarray.torch.project_(model)"
+            "p.proj_() or geoarray.torch.project_(model); or initialise it (after module.to_empty(), whose "
+            "values are uninitialised): geoarray.torch.init.uniform_init_(p)"
         )
     else:
         fix = f"{manifold!r} has no projection: start from a point of the manifold, e.g. M.random(...)"
@@ -143,6 +144,15 @@ class ManifoldParameter(torch.nn.Parameter):
         if manifold is not None and not isinstance(manifold, Manifold):
             raise TypeError(f"manifold must be a geoarray Manifold or None, got {type(manifold).__name__}")
         if manifold is not None and check:
+            if isinstance(data, torch.Tensor) and data.is_meta:
+                # no values to check; and module.to_empty() replaces a meta parameter by a new plain
+                # nn.Parameter (torch makes new parameter objects across device types), dropping the manifold
+                raise ValueError(
+                    f"data is on the meta device, where {manifold!r} cannot be checked and module.to_empty() "
+                    "would replace the parameter by a plain nn.Parameter without its manifold; create it on "
+                    "a real device, or for FSDP2's meta-device initialisation pass check=False and shard with "
+                    "geoarray.torch.fully_shard, which re-attaches the manifolds after to_empty"
+                )
             check_manifold_tensor(data, manifold, "data")
             if not _on_manifold(data, manifold):
                 nearest = nearest_point(data, manifold) if project else None
