@@ -16,7 +16,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent / "src"))  # the source tree, also when geoarray is not installed
-sys.path.insert(0, str(HERE / "gallery"))  # the gallery scripts import their helper _paths
 
 import geoarray  # noqa: E402
 
@@ -65,16 +64,16 @@ nitpick_ignore_regex = [
     ("py:attr", r"fixed"),
 ]
 
-# The gallery: docs/gallery/plot_*.py run at small sizes during the build (their output is cached in
-# docs/auto_examples and rerun only when a script changes); GEOARRAY_DOCS_GALLERY=0 is the fast mode that
-# writes the pages without running them.
+# The gallery: docs/gallery/plot_*.py, tutorials that each run on their own with geoarray installed
+# (the torch and JAX pages need those; the docs session installs both), run at small sizes during the
+# build (their output is cached in docs/auto_examples and rerun only when a script changes);
+# GEOARRAY_DOCS_GALLERY=0 is the fast mode that writes the pages without running them.
 os.environ.setdefault("MPLBACKEND", "agg")
 sphinx_gallery_conf = {
     "examples_dirs": "gallery",
     "gallery_dirs": "auto_examples",
     "filename_pattern": r"/plot_",
     "within_subsection_order": "FileNameSortKey",  # plot_01_... the papers' order, then the framework scripts
-    "ignore_pattern": r"_paths\.py$",  # a helper of the scripts, not an example
     "plot_gallery": os.environ.get("GEOARRAY_DOCS_GALLERY", "1") != "0",
     "abort_on_example_error": True,
     "download_all_examples": False,
@@ -86,6 +85,7 @@ sphinx_gallery_conf = {
 html_theme = "furo"
 html_title = f"geoarray {release}"
 html_static_path = ["_static"]
+html_css_files = ["tables.css"]  # wide tables wrap their cells or scroll, never cut
 
 # MathJax without network: the package's files are copied into _static/mathjax (what the pages load)
 _MATHJAX_PARTS = ("tex-chtml.js", "input", "output/chtml", "output/chtml.js", "ui", "a11y", "adaptors")

@@ -56,6 +56,7 @@ def test_oscillator_stability_table(backend, tmp_path, capsys):
     module.main(["--smoke", "--json", str(path), "--figure", str(figure)])
     out = capsys.readouterr().out
     assert "| lst0 |" in out and f"wrote {figure}" in out
+    assert "smoke size: too little data" in out  # a diverged smoke rollout is not read as the models' result
     result = json.loads(path.read_text())
     assert result["command"].startswith("python examples/oscillator_stability.py --smoke") and "commit" in result
     assert result["figures"] == [str(figure)] and result["complete"] is True

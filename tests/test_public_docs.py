@@ -61,3 +61,47 @@ def test_the_check_finds_a_broken_reference(monkeypatch):
     monkeypatch.setattr(geoarray.linalg.skew, "__doc__", doc)
     problems = public_api.broken_references(["geoarray.linalg"])
     assert problems == ["geoarray.linalg.skew: :func:`geoarray.linalg.skew_symmetric_part` names nothing"], problems
+
+
+# geoarray.optim's module docstring before the fix: its example rendered as a paragraph of prose
+_OLD_OPTIM_DOC = """Optimizers over parameter trees: Algorithm 1 of Brantner's paper as a wrapper around transforms.
+
+    opt = geoarray.optim.Adam(lr=1e-3, beta1=0.9, beta2=0.99, delta=3e-7)
+    state = opt.init(params, manifolds)          # manifolds: same tree, a Manifold or None per leaf
+    params, state = opt.update(params, grads, state)
+
+Underneath, the cache logic is a chain of vector-space transforms, and :func:`riemannian` performs
+Algorithm 1 around them (rgrad → lift to g^hor → transform → retraction)::
+
+    opt = geoarray.optim.riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(), scale_by_learning_rate(1e-3)))
+"""
+
+
+def test_docstring_examples_render_as_code():
+    """Every code example in a public docstring is a literal block (after a line ending in ``::`` or a
+    code directive) or a doctest block, so the API pages show it as code, not as a paragraph."""
+    problems = public_api.unrendered_examples(public_api.public_modules({}))
+    assert not problems, "docstring examples rendered as prose:\n" + "\n".join(problems)
+
+
+def test_the_check_finds_an_example_rendered_as_prose():
+    """The check fails on geoarray.optim's docstring as it was, and passes once the block is opened by
+    ``::``; formulas written as text, prose about code and doctest blocks are not flagged."""
+    assert public_api.code_outside_literal_blocks(_OLD_OPTIM_DOC) == [
+        "opt = geoarray.optim.Adam(lr=1e-3, beta1=0.9, beta2=0.99, delta=3e-7)"
+    ]
+    fixed = _OLD_OPTIM_DOC.replace("transforms.\n\n    opt", "transforms.\n\nIn use::\n\n    opt")
+    assert public_api.code_outside_literal_blocks(fixed) == []
+    directive = "Example.\n\n.. code-block:: python\n\n    import geoarray as ga\n    M = ga.Stiefel(5, 2)\n"
+    assert public_api.code_outside_literal_blocks(directive) == []
+    not_code = (
+        "The update, with the bias correction folded into the cache:\n\n"
+        "    W  = −η · B₁ / (√(B₂ + δ) + ε)\n    Y_new = polar(Y − lr·A*),\n\n"
+        "A doctest block renders as code by itself:\n\n"
+        ">>> import geoarray as ga\n>>> ga.Stiefel(5, 2)\nStiefel(5, 2)\n\n"
+        'with d = d_in for ``side="input"`` and d = d_out for ``side="output"``:\n'
+    )
+    assert public_api.code_outside_literal_blocks(not_code) == []
+    assert public_api.code_outside_literal_blocks("Summary.\n\n    import geoarray as ga\n    ga.Stiefel(5, 2)\n") == [
+        "import geoarray as ga"
+    ]

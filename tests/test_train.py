@@ -207,6 +207,31 @@ def test_the_bar_reads_the_loss_at_most_once_a_second(xp, device, backend, monke
     assert reads.count("to_host") == 3, reads
 
 
+def test_the_bar_shows_the_epochs_mean_loss_that_the_history_records(xp, device, monkeypatch):
+    """The bar's loss is the epoch's mean train loss so far (not one batch's), and at the end of each epoch
+    exactly the history's ``train_loss``, so the last value a user sees is the table's."""
+    from geoarray import train
+
+    shown: list[dict] = []
+
+    class Bar:
+        def update(self, n: int) -> None:
+            pass
+
+        def set_postfix(self, refresh: bool = True, **values: object) -> None:
+            shown.append(values)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(train, "_progress_bar", lambda total, enabled: Bar() if enabled else None)
+    monkeypatch.setattr(train, "_BAR_LOSS_SECONDS", 0.0)
+    _, r = _fit(xp, device, epochs=2, progress=True)
+    ends = [v for k, v in enumerate(shown) if k == len(shown) - 1 or shown[k + 1]["epoch"] != v["epoch"]]
+    assert [v["epoch"] for v in ends] == [1, 2]
+    assert [v["loss"] for v in ends] == [f"{h['train_loss']:.4f}" for h in r.history]
+
+
 def test_json_and_checkpoint_round_trip_and_resume(xp, device, tmp_path):
     out = tmp_path / "run" / "history.json"
     ck = tmp_path / "ck"

@@ -246,45 +246,127 @@ def _public_name(obj: object) -> str | None:
     return _PUBLIC_NAMES.get(id(obj))
 
 
-def broken_references(modules: list[str] | None = None) -> list[str]:
-    """'where: role `target`' for every cross-reference in a public docstring that names nothing: a
-    renamed or removed function, a typo. (References to objects that exist but are not public are
-    allowed; the docs render them as text.)"""
+def public_docstrings(modules: list[str] | None = None):
+    """(where, docstring, home module, class name or None) for every public module, class, function and
+    method defined in a public class — the docstrings the API pages render."""
     modules = public_modules({}) if modules is None else modules
     seen: set[int] = set()
-    problems = []
 
-    def scan(obj: object, where: str, module: str, cls: str | None) -> None:
-        doc = (
-            obj.__doc__
-            if isinstance(obj, types.ModuleType)
-            else _own_doc(obj)
-            if inspect.isclass(obj)
-            else getattr(obj, "__doc__", None)
-        )
-        for role, target in _ROLE.findall(doc or ""):
-            # :attr: may name an instance attribute, which exists only on instances: not checkable here
-            if role != "attr" and resolve(target, module, cls) is _MISSING:
-                problems.append(f"{where}: :{role}:`{target}` names nothing")
+    def doc_of(obj: object) -> str:
+        if isinstance(obj, types.ModuleType):
+            return obj.__doc__ or ""
+        return (_own_doc(obj) if inspect.isclass(obj) else getattr(obj, "__doc__", None)) or ""
 
     for module_name in modules:
         module = importlib.import_module(module_name)
-        scan(module, module_name, module_name, None)
+        yield module_name, doc_of(module), module_name, None
         for name in module.__all__:
             obj = getattr(module, name)
             if isinstance(obj, types.ModuleType) or id(obj) in seen or not (inspect.isclass(obj) or callable(obj)):
                 continue
             seen.add(id(obj))
             home = getattr(obj, "__module__", None) or module_name
-            scan(obj, f"{module_name}.{name}", home, name if inspect.isclass(obj) else None)
+            yield f"{module_name}.{name}", doc_of(obj), home, name if inspect.isclass(obj) else None
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
                     function = getattr(member, "__func__", getattr(member, "fget", member))
                     # methods defined in this class, not class attributes that alias another object
                     defined_here = getattr(function, "__qualname__", "").startswith(obj.__qualname__ + ".")
                     if not attr.startswith("_") and defined_here:
-                        scan(function, f"{module_name}.{name}.{attr}", home, name)
+                        yield f"{module_name}.{name}.{attr}", doc_of(function), home, name
+
+
+def broken_references(modules: list[str] | None = None) -> list[str]:
+    """'where: role `target`' for every cross-reference in a public docstring that names nothing: a
+    renamed or removed function, a typo. (References to objects that exist but are not public are
+    allowed; the docs render them as text.)"""
+    problems = []
+    for where, doc, module, cls in public_docstrings(modules):
+        for role, target in _ROLE.findall(doc):
+            # :attr: may name an instance attribute, which exists only on instances: not checkable here
+            if role != "attr" and resolve(target, module, cls) is _MISSING:
+                problems.append(f"{where}: :{role}:`{target}` names nothing")
     return problems
+
+
+# A line of Python as a docstring example writes it: an import, an assignment from a call
+# (``opt = geoarray.optim.Adam(lr=1e-3)``, ``params, state = opt.update(...)``), a bare call
+# (``loss.backward()``), or a compound statement's header (``for x, y in loader:``). Before any comment
+# the line is ASCII without inline literals: formulas written as text (``Y_new = polar(Y − lr·A*)``) and
+# prose about code are not code.
+_CODE_LINE = re.compile(
+    r"""^(?:
+        import\ [\w.]+(?:\ as\ \w+)?(?:,\ *[\w.]+(?:\ as\ \w+)?)*
+      | from\ [\w.]+\ import\ .+
+      | [A-Za-z_][\w.]*(?:\[[^\]]*\])?(?:,\ *[A-Za-z_][\w.]*)*\ *[-+*/@]?=\ *[A-Za-z_][\w.]*(?:\[[^\]]*\])?\(.*
+      | [A-Za-z_][\w.]*\(.*\)
+      | for\ [\w, ()]+\ in\ .+:
+      | with\ .+\ as\ .+:
+      | (?:async\ )?def\ \w+\(.*\).*:
+      | class\ \w+.*:
+    )\s*(?:\#.*)?$""",
+    re.VERBOSE,
+)
+
+
+def _is_code_line(line: str) -> bool:
+    code = line.strip().split("  #", 1)[0]
+    return code.isascii() and "``" not in code and _CODE_LINE.match(line.strip()) is not None
+
+
+# what makes an indented block render as code: a line ending in "::" or a code directive before it
+_LITERAL_INTRO = re.compile(r"(::\s*$)|^\s*\.\. (code-block|code|sourcecode|doctest|testcode|ipython)::")
+
+
+def _paragraphs(text: str) -> list[tuple[int, list[str]]]:
+    """(index of the first line, lines) of every run of non-blank lines of a cleaned docstring."""
+    lines = inspect.cleandoc(text).splitlines()
+    runs, start = [], None
+    for i, line in enumerate([*lines, ""]):
+        if line.strip() and start is None:
+            start = i
+        elif not line.strip() and start is not None:
+            runs.append((start, lines[start:i]))
+            start = None
+    return runs
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def code_outside_literal_blocks(text: str) -> list[str]:
+    """The first line of every paragraph of ``text`` (a docstring) that is Python code — each of its
+    lines a statement or the continuation of one (indented deeper, a closing bracket or a comment) —
+    but that docutils renders as prose: not inside a literal block opened by a line ending in ``::``
+    or by a code directive. Doctest blocks (``>>>``) render as code by themselves and pass."""
+    lines = inspect.cleandoc(text).splitlines()
+    problems = []
+    for start, paragraph in _paragraphs(text):
+        first = paragraph[0]
+        if first.lstrip().startswith(">>>") or not _is_code_line(first):
+            continue
+        base = _indent(first)
+        rest_is_code = all(
+            _indent(line) > base or line.strip()[0] in ")]}#" or _is_code_line(line) for line in paragraph[1:]
+        )
+        if not rest_is_code:
+            continue
+        # the enclosing block: the nearest earlier non-blank line indented less than the paragraph
+        intro = next((line for line in reversed(lines[:start]) if line.strip() and _indent(line) < base), None)
+        if intro is None or not _LITERAL_INTRO.search(intro):
+            problems.append(first.strip())
+    return problems
+
+
+def unrendered_examples(modules: list[str] | None = None) -> list[str]:
+    """'where: line' for every public docstring's code example that the API pages would render as a
+    paragraph (a block without ``::``)."""
+    return [
+        f"{where}: {line!r} is code outside a literal block (end the line before it with '::')"
+        for where, doc, _, _ in public_docstrings(modules)
+        for line in code_outside_literal_blocks(doc)
+    ]
 
 
 def render(module_name: str, modules: list[str]) -> str:
@@ -370,6 +452,8 @@ def setup(app):  # the Sphinx extension
             logger.warning("undocumented public name: %s", problem)
         for problem in broken_references(modules):
             logger.warning("broken reference in a docstring: %s", problem)
+        for problem in unrendered_examples(modules):
+            logger.warning("docstring example rendered as prose: %s", problem)
 
     def link_to_public_name(app, env, node, contnode):
         # :func:`geoarray.gauge.counting.redundancy` names an object where it is defined; the API pages

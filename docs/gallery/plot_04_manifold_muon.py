@@ -15,13 +15,23 @@ The 32-seed comparisons of :doc:`/optimizers` come from::
     python examples/optimizer_sweep.py vit --seeds 32 --sections manifold-muon
 """
 
+import os
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 import geoarray as ga
 from geoarray import optim
 
-N, n, steps = 30, 4, 300
+SMOKE = os.environ.get("GEOARRAY_GALLERY_SMOKE") == "1"  # the tests run every page at a tiny size
+
+# %%
+# The problem: :math:`\min_Y -\operatorname{tr}(Y^\top S_b Y)` on :math:`\mathrm{St}(30, 4)`, with a fresh
+# minibatch covariance :math:`S_b` at every step; the Euclidean gradient is :math:`-2 S_b Y`. Both
+# optimizers take a tree of parameters and a matching tree of manifolds, and ``update`` returns the new
+# point on the manifold.
+
+N, n, steps = 30, 4, 30 if SMOKE else 300
 rng = np.random.default_rng(0)
 scales = np.linspace(2.0, 0.2, N)  # population covariance C = diag(scales²) in a random basis
 basis = np.linalg.qr(rng.standard_normal((N, N)))[0]

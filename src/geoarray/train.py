@@ -433,7 +433,10 @@ def fit(
                     if bar is not None:
                         bar.update(1)
                         if time.perf_counter() - shown[0] >= _BAR_LOSS_SECONDS:
-                            bar.set_postfix(epoch=epoch, loss=f"{read_pending():.4f}", refresh=False)
+                            # the epoch's mean so far, the number its history records at its end (a
+                            # single batch's loss is noisier and disagreed with the printed table)
+                            read_pending()
+                            bar.set_postfix(epoch=epoch, loss=f"{total / seen:.4f}", refresh=False)
                             shown[0] = time.perf_counter()
                     if callback is not None:
                         callback({"epoch": epoch, "step": result.steps, "loss": read_pending()})
@@ -452,6 +455,8 @@ def fit(
                     record[name] = float(fn(model, result.params, val_inputs, val_targets))
                 record["seconds"] = time.perf_counter() - t0
                 history.append(record)
+                if bar is not None:
+                    bar.set_postfix(epoch=epoch, loss=f"{record['train_loss']:.4f}")
                 write_out()
                 periodic = checkpoint_every is not None or checkpoint_every_seconds is not None
                 if checkpoint_path is not None and (not periodic or due() or epoch == epochs):

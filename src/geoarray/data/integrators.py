@@ -53,7 +53,8 @@ def implicit_midpoint(
     max_iter: int | None = None,
     on_failure: str = "raise",
 ) -> Array | tuple[Array, Array]:
-    r"""Implicit midpoint rule z_{n+1} = z_n + Δt f((z_n + z_{n+1})/2) for ż = f(z).
+    r"""Implicit midpoint rule :math:`z_{n+1} = z_n + \Delta t\, f\big((z_n + z_{n+1})/2\big)` for
+    :math:`\dot z = f(z)`.
 
     Each step solves G(w) = w − z_n − Δt f((z_n + w)/2) = 0 for w = z_{n+1}, starting from the
     explicit Euler guess w = z_n + Δt f(z_n):

@@ -92,7 +92,7 @@ def haar_rotation_fixing_ones(d: int, seed: Any, *, xp: Any, dtype: Any = None, 
 def random_gl(
     n: int, seed: Any, *, batch_shape: tuple[int, ...] = (), xp: Any, dtype: Any = None, device: Any = None
 ) -> Array:
-    """Random invertible n×n matrices U diag(e^{t}) V with U, V Haar-orthogonal and t uniform in
+    """Random invertible n×n matrices :math:`U \\operatorname{diag}(e^{t}) V` with U, V Haar-orthogonal and t uniform in
     [−1/2, 1/2]: condition number ≤ e, distance O(1) from the identity."""
     xp = as_namespace(xp)
     count = math.prod(batch_shape)
@@ -166,7 +166,7 @@ def random_gauge(
     mlp: bool | None = None,
 ) -> GaugeElement:
     """A random group element for ``model``: Haar residual rotation (decoders; not for post-LN ``bert``),
-    random GL(d_h) (or RoPE-commutant) pairs per head and layer, random MLP scalings (ReLU: e^{U(−1,1)};
+    random GL(d_h) (or RoPE-commutant) pairs per head and layer, random MLP scalings (ReLU: :math:`e^{U(-1,1)}`;
     SwiGLU: also a random sign). ``residual``/``mlp`` None: wherever the architecture has them."""
     model = model if isinstance(model, TransformerLM) else TransformerLM(model)
     c = model.config

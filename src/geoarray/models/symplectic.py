@@ -45,7 +45,7 @@ def _gradient_layers(dim: int, n_layers: int, upscale: int, activation: Any) -> 
 
 class GSympNet(ComposedModel):
     """G-SympNet: ``n_layers`` gradient layers alternating q ← q + Kᵀ(a ⊙ σ(Kp + b)) and
-    p ← p + Kᵀ(a ⊙ σ(Kq + b)) (K: (upscale·dim/2) × dim/2). Pointwise one-step map z_n ↦ z_{n+1}."""
+    p ← p + Kᵀ(a ⊙ σ(Kq + b)) (K: (upscale·dim/2) × dim/2). Pointwise one-step map :math:`z_n \\mapsto z_{n+1}`."""
 
     def __init__(self, dim: int, *, n_layers: int = 4, upscale: int = 8, activation: Any = "tanh"):
         self.dim = _even_dim(dim)

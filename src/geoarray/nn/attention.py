@@ -118,7 +118,8 @@ class MultiHeadAttention(Layer):
         return self._forward(params, x)[2]
 
     def attention_weights(self, params: Any, x: Array) -> Array:
-        """A (..., n_heads, T, T) with A[..., i, n, m] = [P_i]_{mn} of eq. 24: the weight of value m in output n.
+        """A (..., n_heads, T, T) with ``A[..., i, n, m]`` = :math:`[P_i]_{mn}` of eq. 24: the weight of value m in
+        output n.
 
         Each row A[..., i, n, :] is a probability vector (the paper's column softmax, transposed).
         """

@@ -77,7 +77,8 @@ class _Affine(Layer):
 
 
 class Dense(_Affine):
-    """x ↦ σ(Wx + b), W ∈ R^{out×in}, b ∈ R^{out}: a pointwise layer on x (..., in) → (..., out).
+    """:math:`x \\mapsto \\sigma(Wx + b)`, :math:`W \\in \\mathbb R^{\\mathrm{out}\\times \\mathrm{in}}`,
+    :math:`b \\in \\mathbb R^{\\mathrm{out}}`: a pointwise layer on x (..., in) → (..., out).
 
     Leading axes are batch axes (a sequence (..., T, in) is mapped row by row; the papers' d × T
     matrices are stored transposed). ``params = {"W": (out, in), "b": (out,)}`` (no ``"b"`` when
@@ -91,7 +92,8 @@ class Dense(_Affine):
 
 
 class ResNetLayer(_Affine):
-    """x ↦ x + σ(Wx + b), W ∈ R^{dim×dim}: the feed-forward block with add connection (eq. 15 of Brantner's paper).
+    """:math:`x \\mapsto x + \\sigma(Wx + b)`, :math:`W \\in \\mathbb R^{\\mathrm{dim}\\times\\mathrm{dim}}`: the
+    feed-forward block with add connection (eq. 15 of Brantner's paper).
 
     Pointwise on x (..., dim); a sequence (..., T, dim) — the transpose of the papers' dim × T
     matrix — is mapped row by row. ``params = {"W": (dim, dim), "b": (dim,)}`` (no ``"b"`` when

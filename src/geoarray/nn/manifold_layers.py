@@ -37,7 +37,9 @@ class _FrameLayer(Layer):
 
 
 class StiefelLayer(_FrameLayer):
-    """x ↦ Y x with Y ∈ St(N, n) = {Y ∈ R^{N×n} : YᵀY = I}: an isometric embedding R^n → R^N.
+    """:math:`x \\mapsto Yx` with
+    :math:`Y \\in \\mathrm{St}(N, n) = \\{Y \\in \\mathbb R^{N\\times n} : Y^\\top Y = I\\}`: an isometric embedding
+    :math:`\\mathbb R^n \\to \\mathbb R^N`.
 
     ``transpose=True`` gives the adjoint x ↦ Yᵀx, R^N → R^n: the coordinates of x in the frame Y
     (the form the paper's attention projections W_iᵀX take). Either way ‖Yx‖ = ‖x‖ and ‖Yᵀx‖ ≤ ‖x‖.

@@ -1,5 +1,7 @@
 """Optimizers over parameter trees: Algorithm 1 of Brantner's paper as a wrapper around transforms.
 
+In use::
+
     opt = geoarray.optim.Adam(lr=1e-3, beta1=0.9, beta2=0.99, delta=3e-7)
     state = opt.init(params, manifolds)          # manifolds: same tree, a Manifold or None per leaf
     params, state = opt.update(params, grads, state)

@@ -1,5 +1,7 @@
 """``nn.Module`` wrappers of geoarray layers: constrained weights registered as ``ManifoldParameter``.
 
+In use::
+
     attn = geoarray.torch.nn.MultiHeadAttention(49, 7)       # the layer's arguments, plus seed/dtype/device
     y = attn(x)                                              # x: (..., T, 49)
     model = geoarray.torch.nn.Module(any_layer)              # any object with init/manifolds/apply(/vjp)
