@@ -101,6 +101,20 @@ def torch_only(backend):
 
 
 @pytest.fixture
+def torch_default_float32(torch_only):
+    """torch's own default dtype, float32, for the test (the torch session sets float64): code ported
+    from a torch library runs as it runs there."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.fixture
 def torch(torch_only):
     import torch
 

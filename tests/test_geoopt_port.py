@@ -41,23 +41,8 @@ import pytest
 
 from geoarray import Euclidean, Stiefel
 
-pytestmark = pytest.mark.usefixtures("torch_only")
-
-
-@pytest.fixture(autouse=True)
-def _torch_default_float32(backend):
-    """geoopt's tests run under torch's own default dtype, float32 (the torch session sets float64)."""
-    if backend.kind != "torch":
-        yield
-        return
-    import torch
-
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+# geoopt's tests run under torch's own default dtype, float32 (the torch session sets float64)
+pytestmark = pytest.mark.usefixtures("torch_only", "torch_default_float32")
 
 
 # the literal amsgrad test: geoopt's 10,000-step budget on request, else enough to show it does not converge

@@ -30,23 +30,8 @@ import warnings
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("torch_only")
-
-
-@pytest.fixture(autouse=True)
-def _torch_default_float32(backend):
-    """geotorch's examples run under torch's own default dtype, float32 (the torch session sets float64)."""
-    if backend.kind != "torch":
-        yield
-        return
-    import torch
-
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+# geotorch's examples run under torch's own default dtype, float32 (the torch session sets float64)
+pytestmark = pytest.mark.usefixtures("torch_only", "torch_default_float32")
 
 
 # the copying problem at a smoke size (geotorch: L = 1000, hidden 190, batch 128, 4000 iterations)
@@ -54,10 +39,11 @@ BATCH, HIDDEN, ITERATIONS, L, S, ALPHABET = 32, 16, 60, 20, 10, 8
 LR, LR_ORTH = 1e-3, 2e-4
 
 
-def _copying_model(torch, constrain, init_torus):
-    """geotorch's copying_problem.py model; ``constrain``/``init_torus`` are the two geotorch calls."""
+def _exprnn_cell(torch, constrain, init_recurrent):
+    """geotorch's ``ExpRNNCell`` (with its ``modrelu``), as both of its examples define it; ``constrain``
+    and ``init_recurrent`` are the example's two geotorch calls on the recurrent kernel (geotorch.orthogonal
+    / ``gt.orthogonal_``, the torus initialisation / ``gt.init.torus_init_``)."""
     from torch import nn
-    from torch.nn.utils import parametrize
 
     class modrelu(nn.Module):
         def __init__(self, features):
@@ -85,12 +71,12 @@ def _copying_model(torch, constrain, init_torus):
             self.recurrent_kernel = nn.Linear(hidden_size, hidden_size, bias=False)
             self.input_kernel = nn.Linear(input_size, hidden_size)
             self.nonlinearity = modrelu(hidden_size)
-            constrain(self.recurrent_kernel, "weight")  # geotorch.orthogonal / gt.orthogonal_
+            constrain(self.recurrent_kernel)
             self.reset_parameters()
 
         def reset_parameters(self):
             nn.init.kaiming_normal_(self.input_kernel.weight, nonlinearity="relu")
-            init_torus(self.recurrent_kernel)  # M.sample("torus") / gt.init.torus_init_
+            init_recurrent(self.recurrent_kernel)
 
         def default_hidden(self, input_):
             return input_.new_zeros(input_.size(0), self.hidden_size, requires_grad=False)
@@ -100,6 +86,16 @@ def _copying_model(torch, constrain, init_torus):
             hidden = self.recurrent_kernel(hidden)
             out = input_ + hidden
             return self.nonlinearity(out)
+
+    return ExpRNNCell
+
+
+def _copying_model(torch, constrain, init_torus):
+    """geotorch's copying_problem.py model; ``constrain``/``init_torus`` are the two geotorch calls."""
+    from torch import nn
+    from torch.nn.utils import parametrize
+
+    ExpRNNCell = _exprnn_cell(torch, lambda kernel: constrain(kernel, "weight"), init_torus)
 
     class Model(nn.Module):
         def __init__(self, alphabet_size, hidden_size):
@@ -222,52 +218,13 @@ def _mnist_model(torch, gt):
     from torch import nn
     from torch.nn.utils import parametrize
 
-    class modrelu(nn.Module):
-        def __init__(self, features):
-            super().__init__()
-            self.features = features
-            self.b = nn.Parameter(torch.empty(self.features))
-            self.reset_parameters()
+    def init_(x):
+        x.uniform_(0.0, math.pi / 2.0).mul_(0.5).tan_().neg_()
 
-        def reset_parameters(self):
-            with torch.no_grad():
-                self.b.uniform_(-0.01, 0.01)
+    def init_torus(K):
+        K.weight = gt.init.torus_init_(K.weight, init_=init_)  # geotorch.so.torus_init_
 
-        def forward(self, inputs):
-            norm = torch.abs(inputs)
-            biased_norm = norm + self.b
-            magnitude = nn.functional.relu(biased_norm)
-            phase = torch.sign(inputs)
-            return phase * magnitude
-
-    class ExpRNNCell(nn.Module):
-        def __init__(self, input_size, hidden_size):
-            super().__init__()
-            self.input_size = input_size
-            self.hidden_size = hidden_size
-            self.recurrent_kernel = nn.Linear(hidden_size, hidden_size, bias=False)
-            self.input_kernel = nn.Linear(input_size, hidden_size)
-            self.nonlinearity = modrelu(hidden_size)
-            gt.orthogonal_(self.recurrent_kernel, "weight")  # geotorch.orthogonal(...)
-            self.reset_parameters()
-
-        def reset_parameters(self):
-            nn.init.kaiming_normal_(self.input_kernel.weight, nonlinearity="relu")
-
-            def init_(x):
-                x.uniform_(0.0, math.pi / 2.0).mul_(0.5).tan_().neg_()
-
-            K = self.recurrent_kernel
-            K.weight = gt.init.torus_init_(K.weight, init_=init_)  # geotorch.so.torus_init_
-
-        def default_hidden(self, input_):
-            return input_.new_zeros(input_.size(0), self.hidden_size, requires_grad=False)
-
-        def forward(self, input_, hidden):
-            input_ = self.input_kernel(input_)
-            hidden = self.recurrent_kernel(hidden)
-            out = input_ + hidden
-            return self.nonlinearity(out)
+    ExpRNNCell = _exprnn_cell(torch, lambda kernel: gt.orthogonal_(kernel, "weight"), init_torus)
 
     class Model(nn.Module):
         def __init__(self, hidden_size):
