@@ -559,8 +559,7 @@ def from_peft_state_dict(state_dict: Mapping[str, torch.Tensor], config: Any) ->
                     UserWarning,
                     stacklevel=2,
                 )
-            U, _, Vh = torch.linalg.svd(approx)
-            R = U @ Vh
+            R = Stiefel(b, b).nearest_point(approx)  # the polar factor, as geoarray projects everywhere
         else:
             R = _cayley(Q)
         out[f"{found.group('name')}.R"] = R.to(vec.dtype).contiguous()
