@@ -1,7 +1,8 @@
 """torch code that is not geoarray's, on ManifoldParameters: no silent step off the manifold.
 
 * a foreign optimizer (``torch.optim.RMSprop``) warns once, at its first step, naming the parameter, its
-  manifold and both fixes; geoarray's own optimizers (and ZeRO around one) never warn;
+  manifold and both fixes (geoarray.torch's optimizer of the same name where there is one, RMSprop here;
+  else Adam, AdamW or SGD); geoarray's own optimizers (and ZeRO around one) never warn;
 * ``geoarray.torch.project_after(opt)`` keeps RMSprop's Stiefel weight orthonormal (max|WᵀW − I| ≤ 1e-5 in
   float32 after 50 steps, while the loss decreases) and silences the warning;
 * module operations: ``load_state_dict(assign=True)`` and ``module.weight = nn.Parameter(W)`` keep the
@@ -69,8 +70,14 @@ def test_foreign_optimizer_warns_once_naming_parameter_manifold_and_fix(torch, g
     msg = messages[0]
     assert "RMSprop is not a geoarray optimizer" in msg
     assert "param_groups[0]['params'][0] of shape (8, 4) on Stiefel(8, 4)" in msg
-    assert "geoarray.torch.Adam, AdamW or SGD" in msg and "geoarray.torch.project_after(optimizer)" in msg
+    # geoarray.torch has an RMSprop of torch's signature: the warning names it
+    assert "use geoarray.torch.RMSprop (Riemannian)" in msg and "geoarray.torch.project_after(optimizer)" in msg
     assert _err(lin.weight) > 1e-4  # what the warning is about: the steps left the manifold
+    # an optimizer geoarray.torch has no namesake of: the warning names the Adam/AdamW/SGD route
+    lin = _model(torch, gt)
+    opt = torch.optim.Adadelta(lin.parameters())
+    with pytest.warns(UserWarning, match=r"Adadelta is not a geoarray.*geoarray\.torch\.Adam, AdamW or SGD"):
+        _steps(torch, lin, opt, 1)
     # named parameters (torch's named param groups) are named
     lin = _model(torch, gt)
     opt = torch.optim.SGD(lin.named_parameters(), lr=1e-2)
@@ -100,7 +107,7 @@ def test_project_after_refuses_what_it_cannot_project(torch, gt):
 
 
 def test_geoarray_optimizers_never_warn(torch, gt):
-    for make in (gt.Adam, gt.AdamW, gt.SGD, gt.PaperAdam, gt.ManifoldMuon):
+    for make in (gt.Adam, gt.AdamW, gt.SGD, gt.PaperAdam, gt.ManifoldMuon, gt.RMSprop, gt.Adagrad, gt.NAdam):
         lin = _model(torch, gt)
         opt = make(lin.parameters(), lr=1e-2)
         with warnings.catch_warnings():

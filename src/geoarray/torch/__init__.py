@@ -18,8 +18,9 @@ In use (``x`` a tensor of shape ``(..., 10)``)::
   onto the manifolds after each step (a projected, not Riemannian, method). ``load_state_dict(...,
   assign=True)`` and ``module.weight = nn.Parameter(W)`` keep the manifold (projected); torch's own
   ``fully_shard`` is refused at the first step, naming :func:`fully_shard` (:mod:`._foreign`).
-* :class:`Adam`, :class:`AdamW`, :class:`SGD` (:mod:`.conventions`): ``torch.optim``'s signatures,
-  defaults and formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
+* :class:`Adam`, :class:`AdamW`, :class:`SGD`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`,
+  :class:`NAdam`, :class:`RAdam` (:mod:`.conventions`): ``torch.optim``'s signatures, defaults and
+  formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
   ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
   it was ``Adam`` before). :class:`Optimizer`, :class:`Momentum`, :class:`Gradient`,
   :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optimizer`, :mod:`.methods`; all
@@ -90,7 +91,9 @@ from .constraints import orthogonal_
 from .guards import skip_guards_on_library_globals
 from .optim import (
     SGD,
+    Adagrad,
     Adam,
+    Adamax,
     AdamW,
     AdamWithDecay,
     BrantnerAdam,
@@ -98,8 +101,11 @@ from .optim import (
     ManifoldMuon,
     Momentum,
     Muon,
+    NAdam,
     Optimizer,
     PaperAdam,
+    RAdam,
+    RMSprop,
 )
 from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
 
@@ -108,17 +114,22 @@ _foreign.install()  # torch's global hooks: foreign optimizers warn, replaced Ma
 
 __all__ = [
     "SGD",
+    "Adagrad",
     "Adam",
     "AdamW",
     "AdamWithDecay",
+    "Adamax",
     "BrantnerAdam",
     "Gradient",
     "ManifoldMuon",
     "ManifoldParameter",
     "Momentum",
     "Muon",
+    "NAdam",
     "Optimizer",
     "PaperAdam",
+    "RAdam",
+    "RMSprop",
     "adapters",
     "checkpoint",
     "fully_shard",

@@ -43,7 +43,8 @@ __all__ = ["install", "project_after", "refuse_torch_sharded"]
 _RECORD = "_geoarray_manifolds"  # module.__dict__ key: {parameter name: manifold}
 _CHECKED = "_geoarray_checked_groups"  # optimizer.__dict__ key: number of param groups checked
 _PROJECTION = "_geoarray_projection"  # optimizer.__dict__ key: the handle of project_after's hook
-_FIX = {"Adam": "Adam", "AdamW": "AdamW", "SGD": "SGD"}
+#: torch.optim's optimizers that geoarray.torch has under the same name, signature and defaults
+_FIX = {name: name for name in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")}
 
 
 def _is_geoarray(optimizer: Any) -> bool:

@@ -1,31 +1,40 @@
-"""``geoarray.torch.Adam``, ``AdamW`` and ``SGD``: torch's signatures, defaults and formulas.
+"""``geoarray.torch.Adam``, ``AdamW``, ``SGD``, ``RMSprop``, ``Adagrad``, ``Adamax``, ``NAdam`` and
+``RAdam``: torch's signatures, defaults and formulas.
 
-A ``torch.optim.Adam(...)``/``AdamW(...)``/``SGD(...)`` line changed only in its module gives torch's
-results on plain tensors (tested equal to ``torch.optim`` to 1e-12 relative in float64, several
-steps, every option below) and runs the same formulas on the lifted gradient B ∈ g^hor of every
-:class:`~geoarray.torch.ManifoldParameter` (Algorithm 1 of Brantner, *Generalizing Adam to Manifolds
-for Efficiently Training Transformers*: Riemannian gradient → lift → torch's cache update → retraction).
-The transforms are :func:`geoarray.optim.torch_rules.scale_by_torch_adam` and
-:func:`~geoarray.optim.torch_rules.scale_by_torch_sgd` (their docstrings hold the update rules).
+A ``torch.optim.Adam(...)``/``AdamW(...)``/``SGD(...)``/``RMSprop(...)``/… line changed only in its
+module gives torch's results on plain tensors (tested equal to ``torch.optim`` to 1e-12 relative in
+float64, several steps, every option below) and runs the same formulas on the lifted gradient B ∈ g^hor
+of every :class:`~geoarray.torch.ManifoldParameter` (Algorithm 1 of Brantner, *Generalizing Adam to
+Manifolds for Efficiently Training Transformers*: Riemannian gradient → lift → torch's cache update →
+retraction). The transforms are :func:`geoarray.optim.torch_rules.scale_by_torch_adam`,
+:func:`~geoarray.optim.torch_rules.scale_by_torch_sgd`,
+:func:`~geoarray.optim.torch_rules.scale_by_torch_rmsprop`,
+:func:`~geoarray.optim.torch_rules.scale_by_torch_adagrad`,
+:func:`~geoarray.optim.torch_rules.scale_by_torch_adamax`,
+:func:`~geoarray.optim.torch_rules.scale_by_torch_nadam` and
+:func:`~geoarray.optim.torch_rules.scale_by_torch_radam` (their docstrings hold the update rules).
 
 * **weight decay** — coupled (``Adam``/``SGD``: λθ added to the gradient) or decoupled (``AdamW``,
   ``decoupled_weight_decay=True``: θ ← θ(1 − lr·λ)); on a manifold parameter θ is the lift of the
   gradient of ½‖Y‖², a tangent direction (on Stiefel and Grassmann ‖Y‖ is constant and the decay
   vanishes, so it reaches plain tensors only).
-* ``amsgrad``, ``maximize``, ``nesterov``, ``dampening``: torch's meanings.
-* ``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` (and ``delta``) are read
-  from the param group at every step: LR schedulers, OneCycleLR's and CyclicLR's momentum cycling and
+* ``amsgrad``, ``maximize``, ``nesterov``, ``dampening``, ``centered``, ``initial_accumulator_value``:
+  torch's meanings.
+* ``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` (and ``delta``; RMSprop's
+  ``alpha``, Adagrad's ``lr_decay``, NAdam's ``momentum_decay``) are read from the param group at every
+  step: LR schedulers, OneCycleLR's and CyclicLR's momentum cycling and
   edits of ``param_groups`` take effect at the next step without building a new core. Changing
-  ``amsgrad``, ``maximize``, ``nesterov``, ``decoupled_weight_decay``, ``foreach`` or the core's options,
-  or a weight decay or momentum from zero to non-zero, builds a new core for the group and keeps its
-  state (a change that needs another state — ``amsgrad``, momentum switched on — is refused).
+  ``amsgrad``, ``maximize``, ``nesterov``, ``decoupled_weight_decay``, ``centered``, ``foreach`` or the
+  core's options, or a weight decay or momentum from zero to non-zero, builds a new core for the group
+  and keeps its state (a change that needs another state — ``amsgrad``, ``centered``, momentum switched
+  on — is refused).
 * ``foreach``: the core always updates same-shaped parameters in batched calls (what foreach does);
   ``foreach=False`` updates every parameter by its own call (``group_same_shape=False``).
   ``fused=True`` and ``differentiable=True`` are not supported and raise a ``ValueError`` saying why;
   their ``False``/``None`` values are accepted.
 * ``capturable=True``: torch's meaning, for every geoarray.torch optimizer
-  (:class:`geoarray.torch.Optimizer`); ``SGD`` takes it in a param group, as torch's ``SGD`` has no
-  such argument.
+  (:class:`geoarray.torch.Optimizer`); ``SGD`` and ``Adagrad`` take it in a param group, as torch's
+  have no such argument.
 * ``stabilize`` (geoopt's option, so that geoopt code ports by swapping the classes): every
   ``stabilize`` steps of a group its ManifoldParameters are projected to the nearest point
   (:func:`geoarray.torch.project_`). Rarely needed: the retraction keeps them on the manifold to
@@ -55,7 +64,7 @@ from .methods import MethodOptimizer
 from .param_groups import CORE_OPTIONS, core_options
 from .parameter import project_
 
-__all__ = ["SGD", "Adam", "AdamW"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop"]
 
 
 def _check_flags(group: dict, name: str) -> None:
@@ -101,8 +110,8 @@ def _flag(group: dict, key: str, gi: Any) -> None:
 class _TorchStyle(MethodOptimizer):
     """Shared machinery: live hyperparameters (validated at every step), structural ones in the key."""
 
-    _LIVE = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
-    _ZERO_MATTERS = ("weight_decay", "momentum", "delta")  # zero or not: the shape of the chain
+    _LIVE: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
+    _ZERO_MATTERS: tuple[str, ...] = ("weight_decay", "momentum", "delta")  # zero or not: the shape of the chain
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -342,3 +351,395 @@ class SGD(_TorchStyle):
         sign = _rules.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
         transform = _t.chain(sign, sgd, _t.scale_by_learning_rate(self._lr(group)))
         return _optim.riemannian(transform, **self._group_options(group))
+
+
+# -- torch.optim's other adaptive methods: RMSprop, Adagrad, Adamax, NAdam, RAdam ------------------------------
+
+
+def _check_betas(group: dict, gi: Any) -> None:
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"param_groups[{gi}]['betas'] must be a pair (beta1, beta2), got {betas!r}")
+    _number(group, "betas", gi, unit=True, index=0)
+    _number(group, "betas", gi, unit=True, index=1)
+
+
+def _check_eps(group: dict, gi: Any) -> None:
+    """ε > 0: with ε = 0 a zero gradient entry divides 0 by 0 (torch accepts it and writes NaN)."""
+    if _number(group, "eps", gi) == 0:
+        raise ValueError(f"param_groups[{gi}]['eps'] must be > 0 (a zero gradient entry would divide 0 by 0), got 0")
+
+
+def _torch_chain(opt: _TorchStyle, group: dict, rule: _t.GradientTransformation) -> RiemannianOptimizer:
+    """Algorithm 1 around torch's sign, rule and learning rate: scale(±1) in every chain, so that switching
+    ``maximize`` keeps the state's structure."""
+    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
+    transform = _t.chain(sign, rule, _t.scale_by_learning_rate(opt._lr(group)))
+    return _optim.riemannian(transform, **opt._group_options(group))
+
+
+class RMSprop(_TorchStyle):
+    """``torch.optim.RMSprop`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
+
+    vₜ = αvₜ₋₁ + (1 − α)g⊙g, the step −lr·g ⊘ (√vₜ + ε); ``centered`` subtracts the square of the running
+    mean of g inside the root, ``momentum`` μ > 0 accumulates bₜ = μbₜ₋₁ + g ⊘ (…) and steps −lr·bₜ,
+    ``weight_decay`` is coupled and ``maximize`` ascends
+    (:func:`geoarray.optim.torch_rules.scale_by_torch_rmsprop`). On a ManifoldParameter g is the lifted
+    gradient in g^hor, the state (``square_avg``, ``grad_avg``, ``momentum_buffer``) lives there and the
+    step is a retraction (Algorithm 1; module docstring). ``lr``, ``alpha``, ``eps``, ``weight_decay`` and
+    ``momentum`` are read from the param group at every step (LR schedulers; OneCycleLR's and CyclicLR's
+    momentum cycling, which writes ``momentum``); switching ``momentum`` between 0 and non-zero, or
+    ``centered``, after the first step needs another state and is refused, as torch's RMSprop fails then.
+    ``alpha`` lies in [0, 1) and ``eps`` must be > 0 (torch takes α > 1 and ε = 0, which give NaN).
+    """
+
+    _LIVE = (*_TorchStyle._LIVE, "alpha")
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | torch.Tensor = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum: float = 0,
+        centered: bool = False,
+        capturable: bool = False,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        differentiable: bool = False,
+        *,
+        stabilize: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+        chunk_bytes: int | str | None = "default",
+        skip_together: bool = False,
+    ):
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "centered": centered,
+            "capturable": capturable,
+            "foreach": foreach,
+            "maximize": maximize,
+            "differentiable": differentiable,
+            "stabilize": stabilize,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
+        super().__init__(params, defaults, skip_together=skip_together)
+
+    def _check_live(self, group: dict, gi: Any) -> None:
+        _number(group, "alpha", gi, unit=True)
+        _check_eps(group, gi)
+        _number(group, "weight_decay", gi)
+        _number(group, "momentum", gi)
+        for key in ("centered", "maximize"):
+            _flag(group, key, gi)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        _check_flags(group, "RMSprop")
+        self._check_live(group, "new")
+        rule = _rules.scale_by_torch_rmsprop(
+            self._live(group, "alpha"),
+            self._live(group, "eps"),
+            self._value(group, "weight_decay"),
+            self._value(group, "momentum"),
+            bool(group["centered"]),
+        )
+        return _torch_chain(self, group, rule)
+
+
+class Adagrad(_TorchStyle):
+    """``torch.optim.Adagrad`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
+
+    sₜ = sₜ₋₁ + g⊙g from s₀ = ``initial_accumulator_value``, the step −clr·g ⊘ (√sₜ + ε) with
+    clr = lr/(1 + (t − 1)·``lr_decay``) (a function of the step count only), coupled ``weight_decay``,
+    ``maximize`` (:func:`geoarray.optim.torch_rules.scale_by_torch_adagrad`). On a ManifoldParameter g
+    is the lifted gradient in g^hor, ``sum`` lives there and the step is a retraction (module docstring).
+    ``lr``, ``lr_decay``, ``eps`` and ``weight_decay`` are read from the param group at every step;
+    ``initial_accumulator_value`` fills the state when it is made, as in torch. As torch's ``SGD``,
+    torch's Adagrad has no ``capturable`` argument: a param group may set it. ``fused=True`` is refused
+    (module docstring); ``eps`` may be 0 only with a positive ``initial_accumulator_value``.
+    """
+
+    _LIVE = (*_TorchStyle._LIVE, "lr_decay")
+    _ZERO_MATTERS = (*_TorchStyle._ZERO_MATTERS, "lr_decay")  # zero: no pass that divides by 1 + (t − 1)·0
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | torch.Tensor = 1e-2,
+        lr_decay: float = 0,
+        weight_decay: float = 0,
+        initial_accumulator_value: float = 0,
+        eps: float = 1e-10,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        stabilize: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+        chunk_bytes: int | str | None = "default",
+        skip_together: bool = False,
+    ):
+        defaults = {
+            "lr": lr,
+            "lr_decay": lr_decay,
+            "weight_decay": weight_decay,
+            "initial_accumulator_value": initial_accumulator_value,
+            "eps": eps,
+            "foreach": foreach,
+            "maximize": maximize,
+            "differentiable": differentiable,
+            "fused": fused,
+            "stabilize": stabilize,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
+        super().__init__(params, defaults, skip_together=skip_together)
+
+    def _check_live(self, group: dict, gi: Any) -> None:
+        _number(group, "lr_decay", gi)
+        _number(group, "weight_decay", gi)
+        start = _number(group, "initial_accumulator_value", gi)
+        if _number(group, "eps", gi) == 0 and start == 0:
+            raise ValueError(
+                f"param_groups[{gi}]: eps and initial_accumulator_value are both 0, so a zero gradient entry would "
+                "divide 0 by 0; make one of them > 0"
+            )
+        _flag(group, "maximize", gi)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        _check_flags(group, "Adagrad")
+        self._check_live(group, "new")
+        rule = _rules.scale_by_torch_adagrad(
+            self._value(group, "lr_decay"),
+            self._value(group, "weight_decay"),
+            _number(group, "initial_accumulator_value", "new"),
+            self._live(group, "eps"),
+        )
+        return _torch_chain(self, group, rule)
+
+
+class Adamax(_TorchStyle):
+    """``torch.optim.Adamax`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
+
+    mₜ = β₁mₜ₋₁ + (1 − β₁)g, uₜ = max(β₂uₜ₋₁, abs(g) + ε), the step −lr·(mₜ/(1 − β₁ᵗ)) ⊘ uₜ; coupled
+    ``weight_decay``, ``maximize`` (:func:`geoarray.optim.torch_rules.scale_by_torch_adamax`; Kingma & Ba,
+    *Adam*, Algorithm 2). On a ManifoldParameter g is the lifted gradient in g^hor, ``exp_avg`` and
+    ``exp_inf`` live there and the step is a retraction (module docstring). ``lr``, ``betas``, ``eps`` and
+    ``weight_decay`` are read from the param group at every step; ``eps`` must be > 0.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | torch.Tensor = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        capturable: bool = False,
+        stabilize: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+        chunk_bytes: int | str | None = "default",
+        skip_together: bool = False,
+    ):
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "foreach": foreach,
+            "maximize": maximize,
+            "differentiable": differentiable,
+            "capturable": capturable,
+            "stabilize": stabilize,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
+        super().__init__(params, defaults, skip_together=skip_together)
+
+    def _check_live(self, group: dict, gi: Any) -> None:
+        _check_betas(group, gi)
+        _check_eps(group, gi)
+        _number(group, "weight_decay", gi)
+        _flag(group, "maximize", gi)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        _check_flags(group, "Adamax")
+        self._check_live(group, "new")
+        rule = _rules.scale_by_torch_adamax(
+            self._live(group, "betas", 0),
+            self._live(group, "betas", 1),
+            self._live(group, "eps"),
+            self._value(group, "weight_decay"),
+        )
+        return _torch_chain(self, group, rule)
+
+
+class NAdam(_TorchStyle):
+    """``torch.optim.NAdam`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
+
+    Adam's moments with Nesterov's look-ahead: μₜ = β₁(1 − ½·0.96^(t·ψ)) (ψ = ``momentum_decay``), and the
+    step −lr·[(1 − μₜ)/(1 − Πₜ)·g + μₜ₊₁/(1 − Πₜμₜ₊₁)·mₜ] ⊘ (√v̂ₜ + ε) with Πₜ = μ₁⋯μₜ; coupled
+    ``weight_decay`` or decoupled (``decoupled_weight_decay=True``: θ ← θ(1 − lr·λ), NAdamW),
+    ``maximize`` (:func:`geoarray.optim.torch_rules.scale_by_torch_nadam`; Dozat, *Incorporating Nesterov
+    momentum into Adam*). On a ManifoldParameter g is the lifted gradient in g^hor, the moments live
+    there and the step is a retraction (module docstring). ``lr``, ``betas``, ``eps``, ``weight_decay``
+    and ``momentum_decay`` are read from the param group at every step (a β₁ cycled by OneCycleLR enters
+    Πₜ step by step, as in torch). ``opt.state[p]`` holds ``exp_avg``, ``exp_avg_sq`` and ``step``;
+    torch's ``mu_product`` is one 0-d tensor per batched state (all parameters of a cohort share it:
+    they step together), kept in the parameters' dtype — torch keeps it in its default scalar dtype
+    (float32 unless the default dtype is float64), so float64 parameters under a float32 default differ
+    from torch.optim.NAdam's by about 1e-9 (measured 9.9e-10 over 8 and 100 steps at lr 0.05), not 1e-12.
+    ``eps`` must be > 0.
+    """
+
+    _LIVE = (*_TorchStyle._LIVE, "momentum_decay")
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | torch.Tensor = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum_decay: float = 4e-3,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        stabilize: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+        chunk_bytes: int | str | None = "default",
+        skip_together: bool = False,
+    ):
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "momentum_decay": momentum_decay,
+            "decoupled_weight_decay": decoupled_weight_decay,
+            "foreach": foreach,
+            "maximize": maximize,
+            "capturable": capturable,
+            "differentiable": differentiable,
+            "stabilize": stabilize,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
+        super().__init__(params, defaults, skip_together=skip_together)
+
+    def _check_live(self, group: dict, gi: Any) -> None:
+        _check_betas(group, gi)
+        _check_eps(group, gi)
+        _number(group, "weight_decay", gi)
+        _number(group, "momentum_decay", gi)
+        for key in ("maximize", "decoupled_weight_decay"):
+            _flag(group, key, gi)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        _check_flags(group, "NAdam")
+        self._check_live(group, "new")
+        rule = _rules.scale_by_torch_nadam(
+            self._live(group, "betas", 0),
+            self._live(group, "betas", 1),
+            self._live(group, "eps"),
+            self._value(group, "weight_decay"),
+            self._live(group, "momentum_decay"),
+            bool(group["decoupled_weight_decay"]),
+        )
+        return _torch_chain(self, group, rule)
+
+
+class RAdam(_TorchStyle):
+    """``torch.optim.RAdam`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
+
+    Adam's moments with the variance rectification of Liu et al. (*On the variance of the adaptive learning
+    rate and beyond*): while the length ρₜ of the approximated simple moving average is ≤ 5 the step is
+    −lr·m̂ₜ (with torch's β₂ = 0.999 the first 5 steps), after it −lr·rₜ·m̂ₜ·√(1 − β₂ᵗ) ⊘ (√vₜ + ε), where
+    ρₜ and rₜ depend on the step count and β₂ only; coupled ``weight_decay`` or decoupled
+    (``decoupled_weight_decay=True``: θ ← θ(1 − lr·λ)), ``maximize``
+    (:func:`geoarray.optim.torch_rules.scale_by_torch_radam`). On a ManifoldParameter g is the lifted
+    gradient in g^hor, the moments live there and the step is a retraction (module docstring). ``lr``,
+    ``betas``, ``eps`` and ``weight_decay`` are read from the param group at every step; ``eps`` must be > 0.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        stabilize: int | None = None,
+        section: str | None = None,
+        retraction: str | None = None,
+        on_nonfinite: str = "skip",
+        group_same_shape: bool = True,
+        seed: int = 0,
+        chunk_bytes: int | str | None = "default",
+        skip_together: bool = False,
+    ):
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "decoupled_weight_decay": decoupled_weight_decay,
+            "foreach": foreach,
+            "maximize": maximize,
+            "capturable": capturable,
+            "differentiable": differentiable,
+            "stabilize": stabilize,
+            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
+        }
+        super().__init__(params, defaults, skip_together=skip_together)
+
+    def _check_live(self, group: dict, gi: Any) -> None:
+        _check_betas(group, gi)
+        _check_eps(group, gi)
+        _number(group, "weight_decay", gi)
+        for key in ("maximize", "decoupled_weight_decay"):
+            _flag(group, key, gi)
+
+    def _core_for(self, group: dict) -> RiemannianOptimizer:
+        _check_flags(group, "RAdam")
+        self._check_live(group, "new")
+        rule = _rules.scale_by_torch_radam(
+            self._live(group, "betas", 0),
+            self._live(group, "betas", 1),
+            self._live(group, "eps"),
+            self._value(group, "weight_decay"),
+            bool(group["decoupled_weight_decay"]),
+        )
+        return _torch_chain(self, group, rule)

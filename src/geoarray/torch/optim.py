@@ -2,27 +2,33 @@
 
 The classes live where their kind is written: the base class :class:`~geoarray.torch.Optimizer` (param
 groups, ``state_dict``, the step around the array-API core) in :mod:`geoarray.torch.optimizer`; torch's
-conventions (:class:`Adam`, :class:`AdamW`, :class:`SGD`) in :mod:`geoarray.torch.conventions`; the
+conventions (:class:`Adam`, :class:`AdamW`, :class:`SGD`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`,
+:class:`NAdam`, :class:`RAdam`) in :mod:`geoarray.torch.conventions`; the
 paper's methods and manifold Muon in :mod:`geoarray.torch.methods`. This module only gathers them, so
 that none of those imports another's importer (the base class no longer re-exports its subclasses).
 """
 
 from __future__ import annotations
 
-from .conventions import SGD, Adam, AdamW
+from .conventions import SGD, Adagrad, Adam, Adamax, AdamW, NAdam, RAdam, RMSprop
 from .methods import AdamWithDecay, BrantnerAdam, Gradient, ManifoldMuon, Momentum, Muon, PaperAdam
 from .optimizer import Optimizer
 
 __all__ = [
     "SGD",
+    "Adagrad",
     "Adam",
     "AdamW",
     "AdamWithDecay",
+    "Adamax",
     "BrantnerAdam",
     "Gradient",
     "ManifoldMuon",
     "Momentum",
     "Muon",
+    "NAdam",
     "Optimizer",
     "PaperAdam",
+    "RAdam",
+    "RMSprop",
 ]

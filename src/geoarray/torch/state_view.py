@@ -11,7 +11,13 @@ gives, for each parameter with a state, a new dict of views into that grouped st
 ``exp_avg_sq``            Adam's second moment vₜ
 ``max_exp_avg_sq``        max of vₜ (``amsgrad=True``)
 ``momentum_buffer``       SGD's buffer (:class:`~geoarray.torch.SGD`), the momentum cache of eq. 8
-                          (:class:`~geoarray.torch.Momentum`), manifold Muon's buffer
+                          (:class:`~geoarray.torch.Momentum`), manifold Muon's buffer, RMSprop's
+                          (``momentum`` > 0)
+``square_avg``            RMSprop's running mean of g ⊙ g (:class:`~geoarray.torch.RMSprop`)
+``grad_avg``              RMSprop's running mean of g (``centered=True``)
+``sum``                   Adagrad's accumulated g ⊙ g (:class:`~geoarray.torch.Adagrad`)
+``exp_inf``               Adamax's exponentially weighted infinity norm (:class:`~geoarray.torch.Adamax`);
+                          its ``exp_avg`` as Adam's, as are NAdam's and RAdam's moments
 ``mu``, ``nu``            :class:`~geoarray.torch.PaperAdam`'s bias-corrected moments B₁ = m̂ₜ, B₂ = v̂ₜ
                           (eq. 5 of Brantner's paper: the paper's cache, not torch's exp_avg)
 ========================  ======================================================================
