@@ -117,9 +117,9 @@ def test_pieces_equal_the_whole_step(xp, device, name, donate):
 
 
 def _counting(transform, calls):
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **kw):
         calls.append(len(updates))
-        return transform.update(updates, state, params)
+        return transform.update(updates, state, params, **kw)
 
     return transform._replace(update=update)
 

@@ -127,7 +127,7 @@ def test_load_state_dict_assign_and_parameter_assignment_keep_the_manifold(torch
     lin.load_state_dict({"weight": off}, assign=True)
     assert isinstance(lin.weight, gt.ManifoldParameter) and _err(lin.weight) <= 1e-12
     assert torch.allclose(lin.weight.detach(), M.nearest_point(off), atol=1e-12)  # projected: the polar factor
-    lin.weight = torch.nn.Parameter(off.clone())  # geotorch's idiom, as a Parameter (torch refuses a bare tensor)
+    lin.weight = torch.nn.Parameter(off.clone())  # a new Parameter (a bare tensor: tests/test_torch_module_routes.py)
     assert isinstance(lin.weight, gt.ManifoldParameter) and _err(lin.weight) <= 1e-12
     with pytest.raises(ValueError, match=r"Linear.weight \(on Stiefel\(8, 4\)\) cannot take.*del it first"):
         lin.weight = torch.nn.Parameter(torch.ones(3, 3, dtype=torch.float64))

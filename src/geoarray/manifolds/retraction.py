@@ -364,7 +364,7 @@ def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) ->
     return _backend.select(largest, tuple(rule[2] for rule in rules), [*branches, general], A, xp)
 
 
-def bjorck_step(Y: Array, xp: Any) -> Array:
+def bjorck_step(Y: Array, xp: Any, out: Array | None = None) -> Array:
     """Y − ½·Y(YᵀY − I): one step of Björck and Bowie's iteration towards the orthonormal polar factor
     of Y (*An iterative algorithm for computing the best estimate of an orthogonal matrix*, SIAM J.
     Numer. Anal. 8, 1971). For YᵀY = I + E it gives I − ¾E² + ¼E³: an orthogonality error ε becomes
@@ -374,6 +374,13 @@ def bjorck_step(Y: Array, xp: Any) -> Array:
     the section Q = I − VTVᵀ to g(W)E in float32 cancels O(1) terms into entries of size N^-½, which
     leaves max|YᵀY − I| ≈ 2e-6 on 336 × Stiefel(49, 7) at every step (it does not accumulate: the
     section is rebuilt from each point); after this step it is ≈ 4e-7 (``benchmarks/soak.py``).
+
+    ``out``: an array of Y's shape and dtype to write the result into, overlapping none of Y.
     """
     eye = linalg.eye(Y.shape[-1], Y)
-    return _backend.addmm(Y, Y, xp.matrix_transpose(Y) @ Y - eye, xp, alpha=-0.5)
+    E = xp.matrix_transpose(Y) @ Y - eye
+    if out is not None:
+        # Y·(I − ½E), one product straight into out (no copy of Y into it first, as Y − ½·Y·E would take):
+        # the same step, rounded once in I − ½E's diagonal (float32: a relative 6e-8 per column)
+        return _backend.matmul_into(out, Y, eye - E / 2, xp)
+    return _backend.addmm(Y, Y, E, xp, alpha=-0.5)

@@ -106,6 +106,8 @@ class HouseholderSection(NamedTuple):
         """λ[top; bottom] = Q [S·top; bottom] for blocks of n and N − n rows (one assembly, not two)."""
         xp = array_namespace(top=top, bottom=bottom, V=self.V)
         Z = xp.concat([self.signs[..., :, None] * top, bottom], axis=-2)
+        if _backend.writable(xp) and not _backend.is_traced(Z):  # Z is ours: Q·Z written into it
+            return _backend.addmm_(Z, self.V, self.T @ (xp.matrix_transpose(self.V) @ Z), xp, alpha=-1.0)
         return _backend.addmm(Z, self.V, self.T @ (xp.matrix_transpose(self.V) @ Z), xp, alpha=-1.0)
 
     def perp_t(self, D: Array) -> Array:

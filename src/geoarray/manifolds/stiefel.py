@@ -87,6 +87,14 @@ def _moved_rows(halfA: Array, BW: Array, B: Array, *, xp: Any, method: str, max_
     return xp.concat([halfA @ D[..., :n, :] + D[..., n:, :], B + BW @ D[..., :n, :]], axis=-2)
 
 
+def _written(Y: Array, out: Array | None) -> Array:
+    """Y, or Y written into ``out`` (``apply_retraction``'s ``out``)."""
+    if out is None:
+        return Y
+    out[...] = Y
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The manifold
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +285,13 @@ class OrthonormalFrames(Manifold):
         return kernel(self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings)
 
     def apply_retraction(
-        self, lam: Any, W: Any, method: str | None = None, *, velocity_bound: float | None = None
+        self,
+        lam: Any,
+        W: Any,
+        method: str | None = None,
+        *,
+        velocity_bound: float | None = None,
+        out: Array | None = None,
     ) -> Array:
         """λ(Y)·g(W)·E = ``apply_section(lam, retraction(W, method))`` (operation 3 of Algorithm 1, eq. 13),
         with g(W)E's two row blocks handed to the section unassembled: one N×n array fewer per step. A
@@ -288,7 +302,12 @@ class OrthonormalFrames(Manifold):
         ``velocity_bound``: a Python float b ≥ the magnitude of every entry of W's A and B (an optimizer
         whose steps are bounded whatever its gradients says so: :class:`~geoarray.optim.RiemannianOptimizer`),
         with which a step without host reads (a GPU's) evaluates φ₁ by the cheapest fixed route that covers
-        every such W (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN."""
+        every such W (:func:`~geoarray.manifolds.retraction.kernel_norm_bound`); a W beyond it comes out NaN.
+
+        ``out``: a writable array of the point's shape and dtype to write the new point into and return
+        (the optimizer's parameter itself, in a step taken in pieces): the float32 Björck step's product
+        then goes straight into it, with no temporary of the point's size. It may be the memory of
+        ``lam.Y``, which the section's application has read by then."""
         if velocity_bound is not None and not _backend.is_compiling():  # dynamo cannot run math.isfinite
             if isinstance(velocity_bound, bool) or not isinstance(velocity_bound, (int, float)):
                 raise TypeError(
@@ -301,7 +320,7 @@ class OrthonormalFrames(Manifold):
                     "when the step is not bounded"
                 )
         if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
-            return super().apply_retraction(lam, W, method)
+            return _written(super().apply_retraction(lam, W, method), out)
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
         self._check_trailing(lam.Y, "lam.Y", (self.N, self.n))  # a section of another manifold
@@ -322,8 +341,8 @@ class OrthonormalFrames(Manifold):
         # float32: applying the compact-WY section leaves |YᵀY − I| ≈ 30 roundoffs at every step, the
         # Björck step ≈ 6; LAPACK's packed application (ormqr) ≈ 10 already, where it is not worth its cost
         if Y.dtype == xp.float32 and not isinstance(lam, (PackedHouseholderSection, SquareSection)):
-            return bjorck_step(Y, xp)
-        return Y
+            return bjorck_step(Y, xp, out=out)
+        return _written(Y, out)
 
     def apply_section(self, lam: HouseholderSection | DenseSection, X: Array) -> Array:
         """λ(Y)·X = Y·X[:n] + Q⊥·X[n:] for X (..., N, k), in O(N·n·k) (dense sections: O(N²k)).

@@ -52,7 +52,14 @@ GPT-2 small's Q/K/V (432 × St(768, 64), 21 M parameters) the peak memory growth
 over the moments instead of about 1.2 GiB, and ``update(..., donate=True)`` writes the new points and
 moments into the donated arrays, as ``torch.optim`` does (``geoarray.torch`` donates), so that a step
 keeps one copy of each (benchmarks/transformer_step.py). Every frame is computed by the same batched
-kernels either way; the pieces change nothing but the batch sizes.
+kernels either way; the pieces change nothing but the batch sizes. A transform that ``donates``
+(:class:`~geoarray.optim.transforms.GradientTransformation`: geoarray's Adam, torch's Adam and the
+learning rates) is handed each piece's state and lifted gradient and updates them in place, and a
+float32 piece's Björck step writes the new points straight into the parameters (``apply_retraction``'s
+``out``): at GPT-2 small's Q/K/V a step then allocates no array of a piece's size for Adam's arithmetic
+(a fresh one cost 1–6 ms of page faults here, the pass itself 0.3 ms). A whole-group step given
+``donate=True`` hands the transform its state and lifted gradients too, where no leaf is Euclidean (whose
+lift is the caller's gradient itself).
 
 **Non-finite gradients** (``on_nonfinite``): ``"skip"`` (default, like torch's GradScaler) leaves
 parameters, transform state and sections unchanged for that step and counts it in ``state.skipped``
@@ -458,7 +465,18 @@ class RiemannianOptimizer:
             # init refuses a "rotated" section for a transform without a reframe rule
             reframe = cast("Callable[[Any, Callable[[Any, int], Any]], Any]", self.transform.reframe)
             inner = reframe(inner, self._rotation(layout.groups, state.sections, lams))
-        velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
+        # handed over (donate, with the flag read: no selection between old and new state follows): the
+        # state, and the lifted gradients, which the lifts made (a vector space's is the gradient itself)
+        if (
+            donate
+            and finite is None
+            and _backend.writable(xp)
+            and getattr(self.transform, "donates", False)
+            and not any(group.manifold.is_vector_space for group in layout.groups)
+        ):
+            velocity, inner = self.transform.update(tuple(lifted), inner, transform_params, donate=True)
+        else:
+            velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         bound = self._velocity_bound(layout)
         new_points, new_sections = [], []
         for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
@@ -486,15 +504,18 @@ class RiemannianOptimizer:
         add_decayed_weights), on a vector space the parameter itself."""
         return Y if group.manifold.is_vector_space else group.manifold.lift(Y, lam, Y)
 
-    def _retract(self, group: _layout.Group, lam: Any, W: Any, bound: float | None) -> tuple[Array, Any]:
-        """(the new point λ·g(W)·E, the section carried to the next step) for one group or piece."""
+    def _retract(
+        self, group: _layout.Group, lam: Any, W: Any, bound: float | None, out: Array | None = None
+    ) -> tuple[Array, Any]:
+        """(the new point λ·g(W)·E, the section carried to the next step) for one group or piece; ``out``:
+        where a piece's new point goes (a Householder section's group only, see :meth:`_piece_target`)."""
         M = group.manifold
         if group.section == "transported":
             lam_new = M.transport_section(lam, W, self.retraction)
             return lam_new.Y, lam_new
         carried = RotatedFrame(lam, W) if group.section == "rotated" else NoSection()
-        if bound is not None and isinstance(M, OrthonormalFrames):
-            return M.apply_retraction(lam, W, self.retraction, velocity_bound=bound), carried
+        if isinstance(M, OrthonormalFrames) and (bound is not None or out is not None):
+            return M.apply_retraction(lam, W, self.retraction, velocity_bound=bound, out=out), carried
         return M.apply_retraction(lam, W, self.retraction), carried
 
     # -- a step in pieces ------------------------------------------------------------------------------
@@ -564,6 +585,17 @@ class RiemannianOptimizer:
         return leaves[group.indices[0]][index[0], ...]
 
     @staticmethod
+    def _piece_target(group: _layout.Group, index: tuple, outs: list) -> Array | None:
+        """The view of the output leaves that a piece's new points fill, where it is one (rows of one leaf),
+        for the retraction to write into; None for a piece of several stacked leaves."""
+        if len(index) == 2:
+            k, rows = index
+            return outs[group.indices[k]][rows, ...]
+        if group.packing == _layout.STACKED:
+            return None
+        return outs[group.indices[0]][index[0], ...]
+
+    @staticmethod
     def _write_piece(group: _layout.Group, index: tuple, Y_new: Array, outs: list) -> None:
         """Write one piece's new points into the group's output leaves."""
         if len(index) == 2:
@@ -591,6 +623,7 @@ class RiemannianOptimizer:
         piece; the new values are written into the group's arrays (the donated ones, or copies)."""
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
+        donates = bool(getattr(self.transform, "donates", False))
         bound = self._velocity_bound(layout)
         cut = {g for g, p in enumerate(pieces) if p != [None]}
 
@@ -617,16 +650,25 @@ class RiemannianOptimizer:
                 G = packed_grads[g] if index is None else self._piece_of(group, index, gleaves, xp)
                 lam = self._section(group, Y, g, step, state.sections)
                 params = (self._lifted_param(group, Y, lam),) if uses_params else None
+                # a piece's state is cut from the group's copies (or from the donated state): the transform
+                # may write into it, and into the lifted gradient, which the lift made (not a vector space's)
                 inner = _layout.map_per_group(
-                    lambda v: v if not v else (v[g] if index is None else _cut(v[g], index),),  # noqa: B023
+                    lambda v, mine: v if not v else (v[g] if index is None else _cut(mine[g], index),),  # noqa: B023
                     state.inner,
+                    gathered,
                 )
-                (W,), last = self.transform.update((M.lift(Y, lam, G),), inner, params)
-                _layout.map_per_group(lambda new, into: _put(new, into, g, index), last, gathered)  # noqa: B023
-                Y_new, sections[g] = self._retract(group, lam, W, bound)
+                handed = donates and (index is not None or (donate and not M.is_vector_space))
+                lifted = (M.lift(Y, lam, G),)
+                if handed:
+                    (W,), last = self.transform.update(lifted, inner, params, donate=True)
+                else:
+                    (W,), last = self.transform.update(lifted, inner, params)
+                _layout.map_per_group(lambda new, into, old: _put(new, into, g, index, old), last, gathered, inner)  # noqa: B023
+                target = None if index is None else self._piece_target(group, index, outs)
+                Y_new, sections[g] = self._retract(group, lam, W, bound, target)
                 if index is None:
                     _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
-                else:
+                elif target is None:
                     self._write_piece(group, index, Y_new, outs)
         for g in cut:
             for i in layout.groups[g].indices:
@@ -699,9 +741,10 @@ def _cut(value: Any, index: tuple) -> Any:
     return optree.tree_map(lambda a: a[key], value)
 
 
-def _put(new: tuple, into: list, g: int, index: tuple | None) -> None:
+def _put(new: tuple, into: list, g: int, index: tuple | None, old: Any = ()) -> None:
     """Put a piece's new per-group value (a 1-tuple; ``()`` where the field stores nothing) into group
-    ``g``'s place in ``into``: as it is for a whole group, written into the group's arrays for a piece."""
+    ``g``'s place in ``into``: as it is for a whole group, written into the group's arrays for a piece,
+    except where it is the piece ``old`` itself (a donating transform wrote it in place)."""
     if not new:
         return
     if index is None:
@@ -710,7 +753,9 @@ def _put(new: tuple, into: list, g: int, index: tuple | None) -> None:
 
     key = (*index, Ellipsis)
 
-    def write(target: Array, value: Array) -> None:
-        target[key] = value
+    def write(target: Array, value: Array, given: Array) -> None:
+        if value is not given:
+            target[key] = value
 
-    optree.tree_map(write, into[g], new[0])
+    olds = old[0] if old else optree.tree_map(lambda a: None, new[0])
+    optree.tree_map(write, into[g], new[0], olds, none_is_leaf=True)

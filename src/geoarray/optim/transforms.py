@@ -86,6 +86,15 @@ class GradientTransformation(NamedTuple):
     may be updated alone with the same result, and the Riemannian wrapper cuts a large group into
     pieces of bounded memory (``chunk_bytes`` of :class:`~geoarray.optim.RiemannianOptimizer`). False
     (the default, and every transform without the field, optax's): the wrapper hands it the whole tree.
+
+    ``donates``: ``update`` also accepts ``donate=True``, with which the caller hands over the arrays of
+    ``updates`` and ``state`` (as ``jax.jit``'s ``donate_argnums`` do): the transform may then write its
+    new state and its result into them, as ``torch.optim`` updates its buffers in place, instead of
+    allocating new arrays of the same size; its result then aliases none of its new state (the next
+    transform of a chain may write into it). The results are those of ``donate=False``. The Riemannian
+    wrapper donates where it owns both (the lifted gradients of manifold leaves and, in a step taken in
+    pieces, the state's copies or the state that ``update(..., donate=True)`` was handed); a backend
+    whose arrays are immutable (JAX) is never handed them. False (the default, optax's): always pure.
     """
 
     init: Callable[[Any], Any]
@@ -94,6 +103,7 @@ class GradientTransformation(NamedTuple):
     reframe: Callable[[Any, Callable[[Any, int], Any]], Any] | None = None
     bound: Callable[[float | None], float | None] | None = None
     elementwise: bool = False
+    donates: bool = False
 
 
 class EmptyState(NamedTuple):
@@ -227,12 +237,15 @@ def chain(*transforms: Any) -> GradientTransformation:
     def init(params: Any) -> tuple:
         return tuple(t.init(params) for t in transforms)
 
-    def update(updates: Any, state: tuple, params: Any = None) -> tuple[Any, tuple]:
+    def update(updates: Any, state: tuple, params: Any = None, *, donate: bool = False) -> tuple[Any, tuple]:
         if not isinstance(state, tuple) or len(state) != len(transforms):
             raise ValueError(f"state must be a tuple of {len(transforms)} transform states, got {type(state).__name__}")
         new_state = []
         for t, s in zip(transforms, state, strict=True):
-            updates, s = t.update(updates, s, params)
+            # a donating member's result aliases none of its state, so the next one may write into it; after
+            # a member that does not donate (its result may be its state, as a momentum trace is) none may
+            donate = donate and bool(getattr(t, "donates", False))
+            updates, s = t.update(updates, s, params, donate=True) if donate else t.update(updates, s, params)
             new_state.append(s)
         return updates, tuple(new_state)
 
@@ -247,7 +260,10 @@ def chain(*transforms: Any) -> GradientTransformation:
         return b
 
     elementwise = all(getattr(t, "elementwise", False) for t in transforms)
-    return GradientTransformation(init, update, uses_params, reframe if all(reframes) else None, bound, elementwise)
+    donates = all(getattr(t, "donates", False) for t in transforms)
+    return GradientTransformation(
+        init, update, uses_params, reframe if all(reframes) else None, bound, elementwise, donates
+    )
 
 
 def scaled_bound(factor: float) -> Callable[[float | None], float | None]:
@@ -329,7 +345,9 @@ def scale_by_adam(
     def init(params: Any) -> ScaleByAdamState:
         return ScaleByAdamState(zero_count(params), zeros_like_tree(params), zeros_like_tree(params))
 
-    def update(updates: Any, state: ScaleByAdamState, params: Any = None) -> tuple[Any, ScaleByAdamState]:
+    def update(
+        updates: Any, state: ScaleByAdamState, params: Any = None, *, donate: bool = False
+    ) -> tuple[Any, ScaleByAdamState]:
         count = state.count + 1
         # B ← (β − βᵗ)/(1 − βᵗ)·B + (1 − β)/(1 − βᵗ)·g: the two factors sum to 1, so eq. 5 is the
         # interpolation B + c·(g − B) with c = (1 − β)/(1 − βᵗ) (one fused pass on torch: lerp).
@@ -358,6 +376,8 @@ def scale_by_adam(
         def second(v: Array, g: Array) -> Array:
             return _backend.lerp(v, g * g, coefficient(g)[1], array_namespace(g))
 
+        if donate:  # the same operations in place: the moments, then the direction in the gradient's array
+            return _adam_in_place(updates, state, count, coefficient, delta, eps)
         # two maps rather than one map + unflatten_up_to: torch.compile traces tree_map, not tree specs
         mu = optree.tree_map(first, state.mu, updates)
         nu = optree.tree_map(second, state.nu, updates)
@@ -372,7 +392,32 @@ def scale_by_adam(
         return ScaleByAdamState(state.count, rotate(state.mu, 1), rotate(state.nu, 2))
 
     ratio = adam_ratio_bound(b1, b2)  # whatever the input's scale: the direction is scale-free
-    return GradientTransformation(init, update, reframe=reframe, bound=lambda b: ratio, elementwise=True)
+    return GradientTransformation(init, update, reframe=reframe, bound=lambda b: ratio, elementwise=True, donates=True)
+
+
+def _adam_in_place(
+    updates: Any, state: ScaleByAdamState, count: Array, coefficient: Callable, delta: float, eps: float
+) -> tuple[Any, ScaleByAdamState]:
+    """:func:`scale_by_adam`'s update with its state and updates handed over: B₁ and B₂ written where they
+    are, the gradient squared in place, then the direction written into it (the same operations, so the
+    same values, as the pure update)."""
+
+    def step(m: Array, v: Array, g: Array) -> tuple[Array, Array, Array]:
+        xp = array_namespace(g)
+        c1, c2 = coefficient(g)
+        m = _backend.lerp_(m, g, c1, xp)
+        g *= g
+        v = _backend.lerp_(v, g, c2, xp)
+        root = _backend.sqrt_(_backend.add_into(g, v, delta, xp), xp)  # δ = 0: √v of a copy of v
+        if eps:
+            root += eps
+        return _backend.divide_into(root, m, root, xp), m, v
+
+    # the returned arrays (JAX, whose arrays are immutable, returns new ones)
+    triples = optree.tree_map(step, state.mu, state.nu, updates)
+    spec = optree.tree_structure(updates)
+    out, mu, nu = (spec.unflatten([t[k] for t in spec.flatten_up_to(triples)]) for k in range(3))
+    return out, ScaleByAdamState(_backend.as_array(count), mu, nu)
 
 
 def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
@@ -410,9 +455,11 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
         def init(params: Any) -> ScaleByScheduleState:
             return ScaleByScheduleState(zero_count(params))
 
-        def update(updates: Any, state: ScaleByScheduleState, params: Any = None) -> tuple[Any, Any]:
+        def update(
+            updates: Any, state: ScaleByScheduleState, params: Any = None, *, donate: bool = False
+        ) -> tuple[Any, Any]:
             count = state.count + 1
-            out = optree.tree_map(lambda u: -schedule(count_as_float(count, u)) * u, updates)
+            out = optree.tree_map(lambda u: _scaled(u, -schedule(count_as_float(count, u)), donate), updates)
             return out, ScaleByScheduleState(_backend.as_array(count))
 
         host_value = getattr(schedule, "host_value", None)
@@ -425,19 +472,29 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
                 rate = host_value()  # None: a rate kept on the device (no bound)
                 return None if rate is None else abs(float(rate)) * b
 
-        return GradientTransformation(init, update, reframe=keep_state, bound=bound, elementwise=True)
+        return GradientTransformation(init, update, reframe=keep_state, bound=bound, elementwise=True, donates=True)
 
     rate = float(as_schedule(lr)(1))
 
     def init_const(params: Any) -> EmptyState:
         return EmptyState()
 
-    def update_const(updates: Any, state: EmptyState, params: Any = None) -> tuple[Any, EmptyState]:
-        return optree.tree_map(lambda u: -rate * u, updates), state
+    def update_const(
+        updates: Any, state: EmptyState, params: Any = None, *, donate: bool = False
+    ) -> tuple[Any, EmptyState]:
+        return optree.tree_map(lambda u: _scaled(u, -rate, donate), updates), state
 
     return GradientTransformation(
-        init_const, update_const, reframe=keep_state, bound=scaled_bound(rate), elementwise=True
+        init_const, update_const, reframe=keep_state, bound=scaled_bound(rate), elementwise=True, donates=True
     )
+
+
+def _scaled(u: Array, factor: Any, donate: bool) -> Array:
+    """factor·u, written into u where it was handed over (``donate``)."""
+    if not donate:
+        return factor * u
+    u *= factor
+    return u
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:

@@ -352,6 +352,7 @@ def _build(optimizer: Any, names: list, state_dict: dict, saved_cohorts: list) -
             cohort.state = optree.tree_unflatten(treedef, [values[path] for path in paths])
             cohort.buffers = False  # leaves may share memory: capturable=True makes its buffers afresh
             cohort.key = optimizer._hyper_key(group)
+            cohort.restored = True  # its weights are checked at the first eager step (Optimizer._check_restored)
             cohorts.append(cohort)
         built.append(cohorts)
     return built

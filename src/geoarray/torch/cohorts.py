@@ -57,6 +57,9 @@ class Cohort:
     # True once the state's tensors are fixed buffers, written in place by every step (capturable=True):
     # a CUDA graph replays reads and writes of fixed addresses
     buffers: bool = False
+    # True from load_state_dict until the first eager step has checked that the weights lie near their
+    # manifolds (Optimizer._check_restored): restoring skips the check of a fresh cohort
+    restored: bool = False
 
     def entry(self) -> dict:
         """This cohort's entry in a state_dict (module docstring)."""

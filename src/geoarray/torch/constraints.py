@@ -18,6 +18,14 @@ Algorithm 1 of Brantner, *Generalizing Adam to Manifolds for Efficiently Trainin
   accordingly.
 * **geotorch checkpoints**: ``orthogonal_`` on a weight that geotorch (or torch's own orthogonal
   parametrization) constrains takes the parametrization's current value (:func:`orthogonal_`).
+* **assignment**: ``module.weight = W`` with a tensor of the weight's shape writes the nearest point of
+  the manifold to W (the polar factor; W itself where it is on the manifold) into the parameter, in
+  place, as geotorch's assignment does: for a tall or square weight through the ``__setattr__`` of the
+  module (``geoarray.torch._foreign``), for a wide one through ``_Transpose.right_inverse``.
+* **the meta device**: a module built there (``with torch.device("meta")``, FSDP2's recipe) has no values
+  to project; its weight becomes a ManifoldParameter unchecked, ``module.to_empty(device=...)`` keeps
+  it one, and a geoarray optimizer's first step refuses it until it is initialised on the manifold
+  (``geoarray.torch.init.uniform_init_``, or ``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -85,14 +93,15 @@ def orthogonal_(module: torch.nn.Module, name: str = "weight", *, grassmann: boo
         )
     rows, cols = weight.shape[-2:]
     kind = Grassmann if grassmann else Stiefel
+    check = not weight.is_meta  # on the meta device there is nothing to check or project (module docstring)
     if rows >= cols:
-        setattr(module, name, ManifoldParameter(weight.detach(), kind(rows, cols), weight.requires_grad))
+        setattr(module, name, ManifoldParameter(weight.detach(), kind(rows, cols), weight.requires_grad, check=check))
         return module
     transpose = _Transpose()
     parametrize.register_parametrization(module, name, transpose, unsafe=True)
     # register_parametrization made module.parametrizations a ModuleDict (torch types it as Tensor | Module)
     plist: Any = cast(torch.nn.ModuleDict, module.parametrizations)[name]
     original = plist.original
-    plist.original = ManifoldParameter(original.detach(), kind(cols, rows), original.requires_grad)
+    plist.original = ManifoldParameter(original.detach(), kind(cols, rows), original.requires_grad, check=check)
     transpose.manifold = plist.original.manifold  # from now on, module.<name> = W projects onto it
     return module

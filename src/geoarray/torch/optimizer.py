@@ -55,9 +55,11 @@ What it does as a ``torch.optim.Optimizer``:
   ``ValueError`` naming the parameter (``'layer.weight'`` when the optimizer was given
   ``model.named_parameters()``, else ``param_groups[g]['params'][i]``) before anything is changed.
   Shapes and dtypes are checked when the parameters are added; that the weights lie on their
-  manifold when their state is created (one host read per weight, at their first step — not after
-  ``load_state_dict``, since trained float32 weights drift off by ~1e-4 in 10⁴ steps, the size of
-  ``is_point``'s tolerance); the refusal gives the measured error, the tolerance and the fix
+  manifold when their state is created (one host read per weight, at their first step; after
+  ``load_state_dict``, at the first eager step, only beyond 1,000 times ``is_point``'s tolerance, at most
+  0.1: trained float32 weights drift off by ~1e-4 in 10⁴ steps, the size of the tolerance, while a weight
+  that the model's ``load_state_dict(..., strict=False)`` left out keeps what ``module.to_empty()`` or
+  the initialisation left); the refusal gives the measured error, the tolerance and the fix
   (``geoarray.torch.project_``). A weight moved off its manifold later, by the user, is not detected.
 
 Distributed use is described in :mod:`geoarray.torch`.
@@ -108,10 +110,14 @@ from .param_groups import (
     core_lr,
     scaled,
 )
-from .parameter import check_manifold_tensor, manifold_of
+from .parameter import _tolerance, check_manifold_tensor, manifold_of
 from .state_view import StateView
 
 __all__ = ["Optimizer"]
+
+#: how far from its manifold a restored weight may be at its first step: this multiple of is_point's
+#: tolerance, at most the second (Optimizer._check_restored)
+_RESTORED_FACTOR, _RESTORED_MAX = 1e3, 0.1
 
 
 def _key_value(value: Any) -> Any:
@@ -541,6 +547,8 @@ class Optimizer(torch.optim.Optimizer):
                     cohort = self._rebuild(group, gi, item, key)
                 else:
                     cohort = item
+                if cohort.restored and not compiling:
+                    self._check_restored(group, gi, cohort)
                 work.append((group, cohort))
         if grad_scale is not None:
             unscale_(self.param_groups, grad_scale)
@@ -601,6 +609,36 @@ class Optimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 return p.device
         return torch.device("cpu")
+
+    def _check_restored(self, group: dict, gi: int, cohort: Cohort) -> None:
+        """At the first eager step of a cohort restored by ``load_state_dict`` (whose ``_new_cohort`` skipped
+        the check of a fresh one), refuse a weight far from its manifold: beyond 1,000 times ``is_point``'s
+        tolerance, at most 0.1 (float32: 0.1, float64: 1e-7). Training drifts far less (float32: ~1e-4 in
+        10⁴ steps); weights that were never loaded measure more — a key the model's
+        ``load_state_dict(..., strict=False)`` left out keeps what ``module.to_empty()`` left (uninitialised
+        memory; zeros measure max|YᵀY − I| = 1) or torch's initialisation (``nn.Linear(64, 256)``'s: 0.5),
+        which the optimizer would otherwise step on, off the manifold, without a word."""
+        params = [group["params"][i] for i in cohort.indices]
+        sharded = _dtensor.views(self, group, params, grads=False)  # DTensors: the points this rank steps
+        tensors = params if sharded is None else sharded.leaves
+        for i, p, t in zip(cohort.indices, params, tensors, strict=True):
+            m = manifold_of(p)
+            if m is None or m.is_vector_space or not t.numel():
+                continue
+            Y = t.detach() if t.dtype not in (torch.float16, torch.bfloat16) else t.detach().float()
+            atol = min(_RESTORED_FACTOR * _tolerance(t, m), _RESTORED_MAX)
+            if not m.is_point(Y, atol=atol):
+                err = m.point_error(Y)
+                measured = f"max|YᵀY − I| = {err:.3g}" if err is not None else "not within the tolerance"
+                raise ValueError(
+                    f"{self._name(group, gi, i)} is off {m!r} ({measured}, above {atol:g}, which the drift of "
+                    f"training stays far below in {t.dtype}) at the first step after load_state_dict: its "
+                    "optimizer state was restored but not its values — a weight that the model's "
+                    "load_state_dict(..., strict=False) left out keeps what module.to_empty() or the "
+                    "initialisation left. Load it too, or initialise it on the manifold: "
+                    "geoarray.torch.init.uniform_init_(p) or p.proj_()"
+                )
+        cohort.restored = False
 
     @torch.no_grad()
     def validate(self) -> None:
@@ -727,5 +765,6 @@ class Optimizer(torch.optim.Optimizer):
             cohort = self._new_cohort(group, gi, indices, restoring=True)
             restore_state(cohort, entry, gi)
             cohort.key = self._hyper_key(group)
+            cohort.restored = True
             cohorts.append(cohort)
         return cohorts

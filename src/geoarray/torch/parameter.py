@@ -108,7 +108,9 @@ class ManifoldParameter(torch.nn.Parameter):
     ``copy.deepcopy``, pickling and ``torch.save``/``torch.load`` (``weights_only=False``; a
     ``state_dict`` stores plain tensors, and ``load_state_dict`` copies into the existing
     parameter, which keeps its manifold), and ``module.to(device/dtype)`` (which replaces the data
-    of the same object).
+    of the same object); where torch builds a new parameter object instead (``module.to_empty``, ``.to``
+    to or from ``meta``, ``torch.__future__``'s conversion flags) the module puts it back
+    (``geoarray.torch._foreign``).
 
     The tensor's shape must end in ``manifold.point_shape`` (leading axes are a batch of points,
     e.g. the stacked heads of an attention layer) and its dtype real floating (float16/bfloat16 weights
@@ -145,13 +147,14 @@ class ManifoldParameter(torch.nn.Parameter):
             raise TypeError(f"manifold must be a geoarray Manifold or None, got {type(manifold).__name__}")
         if manifold is not None and check:
             if isinstance(data, torch.Tensor) and data.is_meta:
-                # no values to check; and module.to_empty() replaces a meta parameter by a new plain
-                # nn.Parameter (torch makes new parameter objects across device types), dropping the manifold
+                # no values to check or project (check=False leaves that to the first step, after to_empty)
                 raise ValueError(
-                    f"data is on the meta device, where {manifold!r} cannot be checked and module.to_empty() "
-                    "would replace the parameter by a plain nn.Parameter without its manifold; create it on "
-                    "a real device, or for FSDP2's meta-device initialisation pass check=False and shard with "
-                    "geoarray.torch.fully_shard, which re-attaches the manifolds after to_empty"
+                    f"data is on the meta device, where {manifold!r} cannot be checked; create it on a real "
+                    "device, or, to initialise it after module.to_empty() (FSDP2's meta-device recipe), pass "
+                    "check=False: registered on a module it stays a ManifoldParameter through to_empty, and a "
+                    "geoarray optimizer's first step refuses it until it is initialised on the manifold "
+                    "(geoarray.torch.init.uniform_init_(p)); shard with geoarray.torch.fully_shard, which keeps "
+                    "the manifolds"
                 )
             check_manifold_tensor(data, manifold, "data")
             if not _on_manifold(data, manifold):
