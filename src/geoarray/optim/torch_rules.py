@@ -182,24 +182,17 @@ def scale_by_torch_adam(
             updates = optree.tree_map(lambda g, p: g + coefficient(g)[7] * p, updates, params)
         # torch: exp_avg.lerp_(grad, 1 − β₁); exp_avg_sq.mul_(β₂).addcmul_(grad, grad, value=1 − β₂), in
         # place where the state was handed over (donate), as torch does
-        if donate:
-            exp_avg = optree.tree_map(
-                lambda m, g: _backend.lerp_(m, g, coefficient(g)[0], array_namespace(g)), state.exp_avg, updates
-            )
-            exp_avg_sq = optree.tree_map(
-                lambda v, g: _backend.scale_add_square_(v, *coefficient(g)[1:3], g, array_namespace(g)),
-                state.exp_avg_sq,
-                updates,
-            )
-        else:
-            exp_avg = optree.tree_map(
-                lambda m, g: _backend.lerp(m, g, coefficient(g)[0], array_namespace(g)), state.exp_avg, updates
-            )
-            exp_avg_sq = optree.tree_map(
-                lambda v, g: _backend.scale_add_square(v, *coefficient(g)[1:3], g, array_namespace(g)),
-                state.exp_avg_sq,
-                updates,
-            )
+        lerp = _backend.lerp_ if donate else _backend.lerp
+        square = _backend.scale_add_square_ if donate else _backend.scale_add_square
+
+        def second_moment(v: Array, g: Array) -> Array:
+            c = coefficient(g)
+            return square(v, c[1], c[2], g, array_namespace(g))
+
+        exp_avg = optree.tree_map(
+            lambda m, g: lerp(m, g, coefficient(g)[0], array_namespace(g)), state.exp_avg, updates
+        )
+        exp_avg_sq = optree.tree_map(second_moment, state.exp_avg_sq, updates)
         if amsgrad:
             if donate:
                 top: Any = optree.tree_map(_maximum_, state.max_exp_avg_sq, exp_avg_sq)
