@@ -56,7 +56,7 @@ def _steps(torch, lin, opt, n):
         loss = _loss(torch, lin)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
