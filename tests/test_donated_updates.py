@@ -189,3 +189,27 @@ def test_apply_retraction_writes_into_out(xp, device, dtype_name):
     again = M.apply_retraction(lam, W, out=Y)
     assert again is Y
     np.testing.assert_allclose(to_numpy(Y), to_numpy(plain), rtol=0, atol=tol)
+
+
+def test_a_whole_step_donates_from_a_size_on(xp, device):
+    """Below ``DONATE_ENTRIES`` entries per group a whole step keeps its transform pure (strided in-place
+    writes on small arrays cost more than the allocation they save); from it on, it hands them over —
+    on backends with writable arrays only."""
+    from geoarray.optim.riemannian import DONATE_ENTRIES
+
+    seen = []
+    inner = T.chain(R.scale_by_torch_adam(), T.scale_by_learning_rate(1e-2))
+
+    def update(updates, state, params=None, **kw):
+        seen.append(kw.get("donate", False))
+        return inner.update(updates, state, params, **kw)
+
+    opt = optim.RiemannianOptimizer(inner._replace(update=update), chunk_bytes=None)
+    for frames, expected in ((4, False), (-(-DONATE_ENTRIES // (40 * 8)), True)):
+        M = Stiefel(40, 8)
+        params = {"w": M.random(0, xp=xp, batch_shape=(frames,), device=device)}
+        state = opt.init(params, {"w": M})
+        grads = {"w": geoarray.random.normal(1, tuple(params["w"].shape), xp=xp, device=device, scale=0.1)}
+        seen.clear()
+        opt.update(params, grads, state, donate=True)
+        assert seen == [expected and _backend.writable(xp)], (frames, seen)

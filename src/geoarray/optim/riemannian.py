@@ -142,6 +142,10 @@ __all__ = [
 #: layers, copied), 1.2 GiB whole
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 
+#: entries of points per group (2¹⁸: a MiB in float32) from which a whole step hands its transform the state
+#: and the lifted gradients to write into (:meth:`RiemannianOptimizer._worth_donating`; pieces always are)
+DONATE_ENTRIES = 2**18
+
 
 class NoSection(NamedTuple):
     """Stands for "no carried section" in the state: an empty node, where None would be a leaf to
@@ -473,6 +477,7 @@ class RiemannianOptimizer:
             and _backend.writable(xp)
             and getattr(self.transform, "donates", False)
             and not any(group.manifold.is_vector_space for group in layout.groups)
+            and self._worth_donating(layout)
         ):
             velocity, inner = self.transform.update(tuple(lifted), inner, transform_params, donate=True)
         else:
@@ -497,6 +502,14 @@ class RiemannianOptimizer:
             _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
         return new_leaves, keep_where_finite(finite, new_state, state, xp)
+
+    @staticmethod
+    def _worth_donating(layout: Layout) -> bool:
+        """Whether a whole step's transform is handed its state and lifted gradients: where a group holds at
+        least :data:`DONATE_ENTRIES` entries of points. Writing in place saves an allocation per array; on
+        small arrays the writes into the lifted gradient's strided rows cost more than that (torch, one
+        thread, against the pure step: the ViT set, 336 × St(49, 7), 1.06–1.09×; St(4096, 128) 0.83×)."""
+        return any(sum(math.prod(layout.shapes[i]) for i in group.indices) >= DONATE_ENTRIES for group in layout.groups)
 
     @staticmethod
     def _lifted_param(group: _layout.Group, Y: Array, lam: Any) -> Any:
