@@ -213,3 +213,22 @@ def test_a_whole_step_donates_from_a_size_on(xp, device):
         seen.clear()
         opt.update(params, grads, state, donate=True)
         assert seen == [expected and _backend.writable(xp)], (frames, seen)
+
+
+def test_apply_retraction_refuses_a_bad_out(xp, device):
+    """A wrong shape or dtype is a ValueError naming ``out`` (nothing written); on JAX, whose arrays are
+    immutable, any ``out`` is a TypeError saying to use the returned point."""
+    M = Stiefel(20, 4)
+    Y = M.random(3, xp=xp, batch_shape=(2,), device=device)
+    lam = M.global_section(Y)
+    W = M.lift(Y, lam, geoarray.random.normal(4, tuple(Y.shape), xp=xp, device=device, scale=0.05))
+    if not _backend.writable(xp):
+        with pytest.raises(TypeError, match="immutable"):
+            M.apply_retraction(lam, W, out=xp.zeros_like(Y))
+        return
+    wrong = xp.zeros((2, 20, 5), dtype=Y.dtype, device=device)
+    with pytest.raises(ValueError, match="out must be"):
+        M.apply_retraction(lam, W, out=wrong)
+    assert not bool(xp.any(wrong != 0))
+    with pytest.raises(ValueError, match="dtype"):
+        M.apply_retraction(lam, W, out=xp.zeros(tuple(Y.shape), dtype=xp.float32, device=device))

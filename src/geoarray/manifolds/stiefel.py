@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import _backend, linalg
 from .. import random as _random
-from .._backend import as_namespace
+from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from .base import REQUIRED, RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
@@ -85,6 +85,21 @@ def _moved_rows(halfA: Array, BW: Array, B: Array, *, xp: Any, method: str, max_
     zeros = xp.zeros((*B.shape[:-2], n, B.shape[-1]), dtype=B.dtype, device=_device(B))
     D = K @ xp.concat([zeros, -xp.matrix_transpose(BW) @ B], axis=-2)
     return xp.concat([halfA @ D[..., :n, :] + D[..., n:, :], B + BW @ D[..., :n, :]], axis=-2)
+
+
+def _check_out(out: Any, Y: Array, xp: Any) -> None:
+    """``apply_retraction``'s ``out``: a writable array of the point's namespace, shape and dtype."""
+    if not _backend.writable(xp):
+        raise TypeError(
+            f"out= needs arrays that take in-place writes; {_backend.backend_name(xp)}'s are immutable: "
+            "leave out=None and use the returned point"
+        )
+    if array_namespace(out) is not array_namespace(Y) or tuple(out.shape) != tuple(Y.shape) or out.dtype != Y.dtype:
+        raise ValueError(
+            f"out must be an array of the point's kind, shape {tuple(Y.shape)} and dtype {Y.dtype}, got "
+            f"{type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))} and dtype "
+            f"{getattr(out, 'dtype', None)}; pass out=xp.empty_like(point) or leave it out"
+        )
 
 
 def _written(Y: Array, out: Array | None) -> Array:
@@ -324,6 +339,8 @@ class OrthonormalFrames(Manifold):
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
         self._check_trailing(lam.Y, "lam.Y", (self.N, self.n))  # a section of another manifold
+        if out is not None:
+            _check_out(out, lam.Y, xp)
         method = self._method(method)
         static = None
         # the fixed-work routes use it, eager without host reads and torch.compile (which cannot choose a
