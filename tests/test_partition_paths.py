@@ -12,8 +12,11 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import optree
 import pytest
 
+import geoarray
+from _helpers import to_numpy
 from geoarray import optim
 from geoarray.manifolds import Stiefel
 
@@ -119,3 +122,51 @@ def test_labels_name_the_leaf(xp, device):
     with pytest.raises(ValueError, match="names none of the optimizers") as info:
         opt.init(_tree(xp, device), MANIFOLDS)
     assert "labels['head'] is 'typo'" in str(info.value)
+
+
+def geoarray_normal(seed, xp, device):
+    return 0.1 * geoarray.random.normal(seed, (5, 3), xp=xp, dtype=xp.float64, device=device)
+
+
+def _by_path(path, leaf):
+    return {"W": "m", "b": "a"}[path[-1]] if path[0] == "blocks" else "mu"
+
+
+def test_labels_as_a_function_of_the_path_step_as_the_tree_of_labels(xp, device):
+    """``labels(path, leaf)`` labels the leaves as the tree LABELS does: the same computation, so the
+    parameters and states after three steps are bitwise equal; the function sees each leaf's key tuple."""
+    seen = []
+
+    def labels(path, leaf):
+        seen.append((path, tuple(leaf.shape)))
+        return _by_path(path, leaf)
+
+    members = {"m": optim.Adam(lr=1e-2), "a": optim.Gradient(lr=1e-2), "mu": optim.Adam(lr=3e-3)}
+    by_tree, by_function = optim.partition(members, LABELS), optim.partition(members, labels)
+    results = []
+    for opt in (by_tree, by_function):
+        params = _tree(xp, device)
+        state = opt.init(params, MANIFOLDS)
+        for k in range(3):
+            grads = _tree(xp, device, W=geoarray_normal(k, xp, device))
+            params, state = opt.update(params, grads, state)
+        results.append((params, state))
+    assert sorted(seen) == [(("blocks", 0, "W"), (5, 3)), (("blocks", 0, "b"), (3,)), (("head",), (4, 3))]
+    assert state.layout.labels == results[0][1].layout.labels
+    (p1, s1), (p2, s2) = results
+    for a, b in zip(optree.tree_leaves(p1), optree.tree_leaves(p2), strict=True):
+        assert np.array_equal(to_numpy(a), to_numpy(b))
+    for a, b in zip(optree.tree_leaves(s1.states), optree.tree_leaves(s2.states), strict=True):
+        assert np.array_equal(to_numpy(a), to_numpy(b))
+
+
+def test_a_label_function_returning_an_unknown_key_names_the_leaf(xp, device):
+    opt = optim.partition({"a": optim.Adam()}, lambda path, leaf: "a" if path[0] == "blocks" else "typo")
+    with pytest.raises(ValueError, match="names none of the optimizers") as info:
+        opt.init(_tree(xp, device), MANIFOLDS)
+    assert "labels(params['head'], leaf) returned 'typo'" in str(info.value)
+
+
+def test_a_label_function_of_one_argument_is_refused_when_built():
+    with pytest.raises(TypeError, match=r"function \(path, leaf\) -> key"):
+        optim.partition({"a": optim.Adam()}, lambda path: "a")

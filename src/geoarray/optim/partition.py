@@ -4,6 +4,13 @@
     state = opt.init(params, manifolds)            # labels: a tree like params holding the keys
     params, state = opt.update(params, grads, state)
 
+``labels`` may also be a function of each leaf's path and the leaf, as optax's ``multi_transform`` takes a
+function for its labels::
+
+    labels = lambda path, leaf: "muon" if path[-1] == "W" else "adam"   # path: ('blocks', 0, 'W')
+
+It is called once per leaf by ``init``, which records the labels in the state; ``update`` never calls it.
+
 Each member optimizer sees the leaves labelled with its key, as a dict from the leaf's path in
 ``params`` (a :class:`~geoarray.optim.layout.LeafPath`, e.g. ``"['blocks'][0]['W_q']"``) to the leaf,
 so its error messages name the user's parameters as the rest of the library does
@@ -14,6 +21,7 @@ only. Members keep their own step counts, non-finite policies and checkpoints of
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
@@ -58,6 +66,11 @@ class PartitionedOptimizer:
                 raise TypeError(f"optimizer labels must be strings, got {key!r}")
             if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
                 raise TypeError(f"optimizers[{key!r}] must have init(params, manifolds) and update(...), got {opt!r}")
+        if callable(labels) and not _takes_two_arguments(labels):
+            raise TypeError(
+                f"labels must be a tree of optimizer keys like params, or a function (path, leaf) -> key; got "
+                f"{labels!r}, which cannot be called with two arguments (write lambda path, leaf: ...)"
+            )
         self.optimizers = dict(optimizers)
         self.labels = labels
 
@@ -65,15 +78,20 @@ class PartitionedOptimizer:
         return f"partition({self.optimizers!r}, labels)"
 
     def _assign(self, params: Any) -> tuple[Any, list[str], list[str]]:
-        paths, _, treedef = optree.tree_flatten_with_path(params)
-        try:
-            labels = treedef.flatten_up_to(self.labels)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"labels must have the tree structure of params {treedef}: {exc}") from None
+        paths, leaves, treedef = optree.tree_flatten_with_path(params)
+        if callable(self.labels):
+            labels = [self.labels(path, leaf) for path, leaf in zip(paths, leaves, strict=True)]
+            named = "labels(params{}, leaf) returned {!r}"
+        else:
+            try:
+                labels = treedef.flatten_up_to(self.labels)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"labels must have the tree structure of params {treedef}: {exc}") from None
+            named = "labels{} is {!r}"
         for path, label in zip(paths, labels, strict=True):
-            if label not in self.optimizers:
+            if not isinstance(label, str) or label not in self.optimizers:
                 raise ValueError(
-                    f"labels{_path(path)} is {label!r}, which names none of the optimizers {sorted(self.optimizers)}"
+                    named.format(_path(path), label) + f", which names none of the optimizers {sorted(self.optimizers)}"
                 )
         # every label is a key of self.optimizers (checked above), and those are strings
         return treedef, [_path(p) for p in paths], cast("list[str]", list(labels))
@@ -133,7 +151,19 @@ class PartitionedOptimizer:
         return out.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
 
 
+def _takes_two_arguments(fn: Any) -> bool:
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:  # a builtin without a signature: let the call say
+        return True
+    return True
+
+
 def partition(optimizers: dict, labels: Any) -> PartitionedOptimizer:
     """One optimizer per label: ``labels`` is a tree like the parameters whose leaves are keys of
-    ``optimizers``; each member updates the leaves carrying its key (see the module docstring)."""
+    ``optimizers``, or a function ``labels(path, leaf) -> key`` of a leaf's path (the tuple of its keys,
+    ``('blocks', 0, 'W')``) and the leaf; each member updates the leaves carrying its key (see the module
+    docstring)."""
     return PartitionedOptimizer(optimizers, labels)
