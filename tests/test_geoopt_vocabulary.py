@@ -14,6 +14,11 @@ the tolerance stated where it is used (float64 unless the backend lacks it):
   t = 1e-4), and equals geoopt's canonical Cayley formula (I − ½A)⁻¹(I + ½A)x, A = uxᵀ − xuᵀ, written
   densely here, for horizontal u (xᵀu = 0) to 1e-12;
 * ``inner`` equals ``metric`` exactly and keeps the point axes as size-1 axes under ``keepdim``;
+* ``dist`` on Grassmann is the norm of the principal angles: for subspaces built with known angles θ
+  (from 1e-9 to π/2, rotated by a random orthogonal map and random bases) it equals ‖θ‖₂ to 1e-12 relative
+  (float64; an angle of 1e-9 to 1e-14 absolute), is 0 to 1e-12 between two bases of one subspace,
+  symmetric to 1e-12; on Euclidean the
+  Frobenius norm of x − y to 1e-12; on Stiefel it raises naming the replacements;
 * the shapeless ``Stiefel()`` (geoopt's) and ``transp`` raise with the geoarray call to write.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import pytest
 
 import geoarray
-from _helpers import max_abs, to_numpy
+from _helpers import asarray, max_abs, to_numpy
 from geoarray import linalg
 from geoarray.manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
 
@@ -167,3 +172,77 @@ def test_projx_without_a_closed_form_names_the_fix(xp, device):
     x = M.random(0, xp=xp, device=device)
     with pytest.raises(NotImplementedError, match=r"no closed-form projection.*M.random\(seed"):
         M.projx(x)
+
+
+def _subspaces_at_angles(theta, N, seed, xp, device):
+    """Bases x, y of two n-dimensional subspaces of R^N whose principal angles are ``theta`` (N ≥ 2n): x = Q[I; 0]·R₁,
+    y = Q[diag cos θ; diag sin θ; 0]·R₂ for a random orthogonal Q and random orthogonal R₁, R₂."""
+    import numpy as np
+
+    n = len(theta)
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((N, N)))[0]
+    R1, R2 = (np.linalg.qr(rng.standard_normal((n, n)))[0] for _ in range(2))
+    E = np.zeros((N, n))
+    E[:n] = np.eye(n)
+    F = np.zeros((N, n))
+    F[:n] = np.diag(np.cos(theta))
+    F[n : 2 * n] = np.diag(np.sin(theta))
+    return asarray(Q @ E @ R1, xp, device), asarray(Q @ F @ R2, xp, device)
+
+
+@pytest.mark.parametrize(
+    "theta", [[1e-9, 0.3, 1.2], [0.0, 0.0, 0.0], [1.5707963267948966, 0.7, 1e-5]], ids=["small", "same", "right"]
+)
+def test_grassmann_dist_is_the_norm_of_the_principal_angles(xp, device, theta):
+    import math
+
+    x, y = _subspaces_at_angles(theta, 8, 0, xp, device)
+    M = Grassmann(8, 3)
+    want = math.sqrt(sum(t * t for t in theta))
+    tol = _tol(x, xp)
+    d = float(M.dist(x, y))
+    assert abs(d - want) <= tol * max(want, 1.0), (d, want)
+    assert abs(float(M.dist(y, x)) - d) <= tol
+    assert float(M.dist(x, x)) <= tol
+    assert tuple(M.dist(x, y, keepdim=True).shape) == (1, 1)
+
+
+def test_grassmann_dist_of_a_batch_and_a_small_angle(xp, device):
+    """One value per point of a batch; an angle of 1e-9 comes out to 1e-14 absolute in float64 (arccos of the
+    cosine alone gives 0: cos 1e-9 rounds to 1)."""
+    pairs = [_subspaces_at_angles(theta, 6, k, xp, device) for k, theta in enumerate([[1e-9, 0.0], [0.5, 0.25]])]
+    x = xp.stack([p[0] for p in pairs])
+    y = xp.stack([p[1] for p in pairs])
+    d = to_numpy(Grassmann(6, 2).dist(x, y))
+    assert d.shape == (2,)
+    tol = _tol(x, xp)
+    assert abs(d[0] - 1e-9) <= (1e-14 if x.dtype == xp.float64 else tol)
+    assert abs(d[1] - (0.5**2 + 0.25**2) ** 0.5) <= tol
+
+
+def test_euclidean_dist_is_the_frobenius_norm(xp, device):
+    x = geoarray.random.normal(0, (4, 3), xp=xp, dtype=xp.float64, device=device)
+    y = geoarray.random.normal(1, (4, 3), xp=xp, dtype=xp.float64, device=device)
+    M = Euclidean()
+    d = M.dist(x, y)
+    want = float(xp.sqrt(xp.sum((x - y) ** 2)))
+    assert abs(float(d) - want) <= 1e-12 * want
+    assert tuple(M.dist(x, y, keepdim=True).shape) == (1, 1)
+
+
+def test_stiefel_dist_names_what_to_compute_instead():
+    with pytest.raises(NotImplementedError, match=r"no closed-form geodesic distance.*Grassmann\(N, n\).dist"):
+        Stiefel(5, 2).dist(None, None)
+    with pytest.raises(NotImplementedError, match="matrix_norm"):
+        SymplecticStiefel(4, 2).dist(None, None)
+
+
+def test_geoopts_canonical_keyword():
+    """``Stiefel(N, n, canonical=True)`` is geoarray's Stiefel (the canonical metric); ``canonical=False``
+    (geoopt's EuclideanStiefel) raises, naming the metric and the map to use; the shape error comes first."""
+    assert repr(Stiefel(5, 2, canonical=True)) == repr(Stiefel(5, 2))
+    with pytest.raises(ValueError, match=r"canonical=False.*canonical metric only.*M.proju\(x, u\)"):
+        Stiefel(5, 2, canonical=False)
+    with pytest.raises(TypeError, match="needs its shape"):
+        Stiefel(canonical=False)

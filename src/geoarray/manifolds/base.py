@@ -314,7 +314,23 @@ class Manifold(abc.ABC):
         kept as size-1 axes when ``keepdim`` (as geoopt's sum over them). Euclidean sums over every axis
         (geoarray's Euclidean has no batch axes; geoopt's ``Euclidean()`` of ``ndim=0`` multiplies
         elementwise)."""
-        out = self.metric(x, u, u if v is None else v)
+        return self._keepdim(self.metric(x, u, u if v is None else v), x, keepdim)
+
+    def dist(self, x: Array, y: Array, *, keepdim: bool = False) -> Array:
+        """geoopt-compatible ``dist(x, y, *, keepdim=False)``: the geodesic distance between two points, one
+        value per point of a batch (the point axes kept as size-1 axes when ``keepdim``). Where the metric's
+        geodesic distance has a closed form it is computed (Grassmann: the norm of the principal angles;
+        Euclidean: the Frobenius norm of x − y). Stiefel's canonical metric has none (geoopt's ``Stiefel()``
+        has no ``dist`` either), nor has SymplecticStiefel: they raise ``NotImplementedError`` naming what to
+        compute instead."""
+        raise NotImplementedError(
+            f"{self!r} has no closed-form geodesic distance (dist), as geoopt's Stiefel has none: for the "
+            "distance between the spanned subspaces use Grassmann(N, n).dist(x, y) (principal angles), for the "
+            "chordal distance the Frobenius norm of x − y, xp.linalg.matrix_norm(x - y)"
+        )
+
+    def _keepdim(self, out: Array, x: Array, keepdim: bool) -> Array:
+        """``out`` (one value per point) with the point axes of x appended as size-1 axes when ``keepdim``."""
         if not keepdim:
             return out
         xp = array_namespace(x=x)

@@ -72,6 +72,13 @@ class Euclidean(Manifold):
         self._check_tangent_shape(Y, D2, "D2")
         return xp.sum(D1 * D2)
 
+    def dist(self, x: Array, y: Array, *, keepdim: bool = False) -> Array:
+        """geoopt's ``dist``: the geodesic distance ‖x − y‖ of the metric Σ Δ₁ ⊙ Δ₂, over every axis (one
+        value, like :meth:`metric`; with ``keepdim`` shaped as size-1 axes of x's rank)."""
+        xp = self._check_tangent_shape(x, y, "y")
+        d = x - y
+        return self._keepdim(xp.sqrt(xp.sum(d * d)), x, keepdim)
+
     def rgrad(self, Y: Array, dL: Array) -> Array:
         self._check_tangent_shape(Y, dL, "dL")
         return dL

@@ -135,6 +135,7 @@ class OrthonormalFrames(Manifold):
         retraction_method: str = "geodesic",
         validate: bool = False,
         max_doublings: int = 64,
+        canonical: bool = True,
     ):
         if N is REQUIRED or n is REQUIRED:
             # geoopt's Stiefel() is shapeless; say what to write instead of Python's "missing argument"
@@ -152,6 +153,14 @@ class OrthonormalFrames(Manifold):
         self.retraction_method = check_choice(retraction_method, "retraction_method", RETRACTIONS)
         self.validate = bool(validate)
         self.max_doublings = check_size(max_doublings, "max_doublings")
+        if canonical is not True:
+            # geoopt's Stiefel(canonical=False) is its EuclideanStiefel: the other metric, another rgrad
+            raise ValueError(
+                f"{type(self).__name__}(canonical={canonical!r}): geoarray's {type(self).__name__} has the canonical "
+                "metric only, the one whose global tangent space Algorithm 1 (and every geoarray optimizer) "
+                "works in; geoopt's EuclideanStiefel differs in the Riemannian gradient, which is "
+                "M.proju(x, u) there (the tangent projection), M.egrad2rgrad(x, u) = u − x uᵀx here; drop canonical="
+            )
 
     # -- the horizontal space (g^hor differs between Stiefel and Grassmann) -------------------
 
@@ -420,6 +429,10 @@ class Stiefel(OrthonormalFrames):
     max_doublings : int
         Bound on the doublings of the geodesic kernel; 64 covers ‖W‖ far beyond any optimizer step
         (‖W‖ ≈ 1e3 needs about 21). Elements that would need more come out NaN.
+    canonical : bool
+        geoopt's keyword: ``True`` (the default, the canonical metric, geoopt's default ``Stiefel()``) is
+        the only metric here; ``False`` (geoopt's ``EuclideanStiefel``) raises a ``ValueError`` saying how the
+        two differ.
     """
 
     @property
