@@ -97,3 +97,11 @@ def test_diverging_rollout_is_reported_as_diverged(tmp_path, capsys, monkeypatch
     assert summary["rollout_diverged_at_step"] == 2
     assert summary["rollout_relative_error"] is None and summary["rollout_max_drift_|z|"] is None
     assert (tmp_path / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vpt_takes_no_system_flag(capsys):
+    """``train vpt`` learns the rigid body only: ``--system`` (sympnet's) is refused, not ignored."""
+    code = main(["train", "vpt", "--system", "oscillator", "--epochs", "1", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "error: unrecognized arguments: --system oscillator" in err, err  # argparse's top-level parser says it

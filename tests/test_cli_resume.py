@@ -5,9 +5,11 @@ with a source line, and it comes before any training: a ``--resume`` whose check
 ``--resume`` with another model flag (``--n-layers``, ``--unconstrained``, ``--limit``, ...: the flag and
 both values, not "damaged" and two tree dumps), or with another command (a ViT run resumed by
 ``train vpt``); ``--resume`` with an ``--out`` that does not exist (not a fresh run); an ``--out`` that is
-a file (``demo`` and ``train``). A newer damaged checkpoint that ``--resume`` skips is one warning line.
-``gauge fix`` writes its output with the umask's permissions; the gauge commands' messages do not start
-with the exception's class. Library side: ``fit(resume=True)`` with another model says so in one line
+a file (``demo`` and ``train``). A newer damaged checkpoint that ``--resume`` skips is one warning line;
+``--resume`` of a run that has trained ``--epochs`` already is one note line. ``gauge fix`` writes its
+output with the umask's permissions; the gauge commands' messages do not start with the exception's
+class, check ``--out`` before any work, and ask a checkpoint without configuration for its config.json
+(not for the library's ``config=``). Library side: ``fit(resume=True)`` with another model says so in one line
 (not "damaged", no warning), and ``fit(checkpoint_meta=...)`` is stored in every checkpoint.
 
 The CLI is host code and takes its own ``--backend``: these run in the NumPy session (the library tests
@@ -16,6 +18,7 @@ on every backend). A run that must not train has ``geoarray.train.fit`` replaced
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -156,6 +159,19 @@ def test_resume_past_a_damaged_checkpoint_warns_in_one_line(run_dir, cli, capsys
     assert [h["epoch"] for h in json.loads((run_dir / "metrics.json").read_text())["history"]] == [1, 2]
 
 
+def test_resume_of_a_run_with_no_epochs_left_says_so(run_dir, cli, capsys):
+    cli.setattr("geoarray.train.fit", _no_fit)
+    with pytest.raises(Trained):  # the command goes on (it reports the run), with one note
+        main([*VIT, "--out", str(run_dir), "--resume"])  # --epochs 1: the run has trained 1
+    assert capsys.readouterr().err.strip() == (
+        f"geoarray train vit: note: --resume: the run in {str(run_dir / 'checkpoints')!r} has trained 1 epoch, "
+        "so --epochs 1 trains none (give --epochs above 1 to continue it)"
+    )
+    with pytest.raises(Trained):
+        main([*VIT, "--out", str(run_dir), "--resume", "--epochs", "2"])
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -217,6 +233,42 @@ def test_gauge_messages_do_not_start_with_the_exception_class(cli, tmp_path, cap
     line = _one_line(capsys, main(argv))
     assert line.startswith(f"geoarray gauge {command}: error: checkpoint {str(bad)!r} is damaged"), line
     assert "Error:" not in line.split("(")[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "out", "message"),
+    [
+        ("fix", "dir", "is a directory; give the path of the gauge-fixed safetensors file to write"),
+        ("fix", "file/x.safetensors", "is a file, not a directory"),
+        ("check", "dir", "is a directory; give the path of the JSON report to write"),
+        ("check", "file/report.json", "is a file, not a directory"),
+        ("check", "missing/report.json", "does not exist"),
+    ],
+)
+def test_gauge_out_is_checked_before_any_work(bert_checkpoint, cli, tmp_path, capsys, command, out, message):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("mine\n")
+    cli.setattr(importlib.import_module("geoarray.gauge.check"), "check", _no_fit)
+    cli.setattr(importlib.import_module("geoarray.models.language"), "load_checkpoint", _no_fit)
+    argv = ["gauge", command, "--checkpoint", str(bert_checkpoint), "--out", str(tmp_path / out)]
+    line = _one_line(capsys, main(argv))
+    assert line.startswith(f"geoarray gauge {command}: error: --out ") and line.endswith(message), line
+    assert (tmp_path / "file").read_text() == "mine\n" and list((tmp_path / "dir").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["check", "fix"])
+def test_gauge_checkpoint_without_configuration_asks_for_its_config_json(
+    bert_checkpoint, cli, tmp_path, capsys, command
+):
+    from safetensors.numpy import load_file, save_file
+
+    bare = tmp_path / "bare.safetensors"  # the tensors of a Hugging Face layout, no geoarray metadata
+    save_file(load_file(str(bert_checkpoint)), str(bare))
+    argv = ["gauge", command, "--checkpoint", str(bare)] + (["--out", str(tmp_path / "o")] if command == "fix" else [])
+    line = _one_line(capsys, main(argv))
+    assert f"checkpoint {str(bare)!r} carries no configuration" in line, line
+    assert "put the model's Hugging Face config.json beside it (layout looks like bert)" in line, line
+    assert "config=" not in line
 
 
 # -- the library under the command line (every backend) -----------------------------------------------

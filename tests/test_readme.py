@@ -8,9 +8,10 @@ with the ``np`` of their ``xp = ...np...`` line pointed at the backend under tes
 ``print(...)  # claim`` lines are what it must print. The FSDP2 example (``# runs in the fsdp session``)
 runs on two ranks in tests/test_torch_fsdp.py.
 
-Where the README's ``xp`` line offers a choice (``# or torch, jax.numpy, cupy, array_api_strict``), its
-block also runs with ``np`` replaced by each module offered, as a reader would edit it, for every one
-importable in the session (jax.numpy with x64 enabled, as the README says; cupy only on a GPU).
+Where an ``xp`` line offers a choice (``# or torch, jax.numpy, cupy, array_api_strict``) — the README's
+quick start, the docs index's example, the getting-started tour — its blocks also run with ``np``
+replaced by each module offered, as a reader would edit it, for every one importable in the session
+(jax.numpy with x64 enabled, as the pages say; cupy only on a GPU).
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ def test_readme_python_blocks_run_and_print_true(backend, xp):
     _run_blocks(README, blocks, xp)
 
 
+def _offered(comment: str) -> list[str]:
+    """The modules an ``xp`` line's comment offers (``# or torch, jax.numpy (with x64), ...``), numpy first."""
+    offered = re.fullmatch(r"#\s*or (.+)", comment.strip())
+    assert offered, f"the xp line's comment {comment!r} does not read '# or <module>, <module>, ...'"
+    return ["numpy", *(re.match(r"[\w.]+", c.strip()).group(0) for c in offered.group(1).split(","))]
+
+
 def _choice_block() -> tuple[str, list[str]]:
     """The README block whose ``xp`` line offers a choice of namespaces, and the modules offered."""
     found = [(b, m.group(3)) for b in _python_blocks(README) for m in _XP_LINE.finditer(b) if m.group(3)]
     assert len(found) == 1, "README offers a choice of xp in one block"
     block, comment = found[0]
-    offered = re.fullmatch(r"#\s*or (.+)", comment.strip())
-    assert offered, f"the xp line's comment {comment!r} does not read '# or <module>, <module>, ...'"
-    return block, ["numpy", *(re.match(r"[\w.]+", c.strip()).group(0) for c in offered.group(1).split(","))]
+    return block, _offered(comment)
 
 
 def _offered_module(name: str):
@@ -95,23 +101,67 @@ def _offered_module(name: str):
         pytest.skip(f"{name.split('.')[0]} is not installed in this session")
 
 
+@contextlib.contextmanager
+def _x64_for(choice: str):
+    """jax.numpy as the pages ask for it, with x64 enabled; the session's setting is restored."""
+    if not choice.startswith("jax"):
+        yield
+        return
+    import jax
+
+    x64 = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+
+
 @pytest.mark.parametrize("choice", _choice_block()[1])
 def test_readme_choice_of_xp_runs_with_every_module_offered(choice):
     """The any-array-library quick start, with ``np`` in its ``xp`` line replaced by each module its
     comment offers (the raw module, as a reader types it), prints what it claims."""
     block, _ = _choice_block()
     module = _offered_module(choice)
-    x64 = None
-    if choice.startswith("jax"):
-        import jax
-
-        x64 = jax.config.jax_enable_x64  # the README asks for x64; the session's setting is restored
-        jax.config.update("jax_enable_x64", True)
-    try:
+    with _x64_for(choice):
         _run_blocks(README, [block], module)
-    finally:
-        if x64 is not None:
-            jax.config.update("jax_enable_x64", x64)
+
+
+def _generic_blocks(page: Path) -> list[str]:
+    """A page's blocks that are not marked for one session (those run on every backend)."""
+    return [b for b in _python_blocks(page) if not re.match(r"# runs in the \w+ session", b)]
+
+
+def _docs_choices() -> list:
+    """``(page, module)`` for each module offered by an ``xp`` line of a docs page (index, tour, ...)."""
+    cases = []
+    for page in DOCUMENTS[1:]:
+        comments = [m.group(3) for b in _generic_blocks(page) for m in _XP_LINE.finditer(b) if m.group(3)]
+        assert len(comments) <= 1, f"{page.name} sets xp with a choice twice"
+        cases += [pytest.param(page, name, id=f"{page.name}-{name}") for c in comments for name in _offered(c)]
+    return cases
+
+
+@pytest.mark.parametrize(("page", "choice"), _docs_choices())
+def test_docs_choice_of_xp_runs_with_every_module_offered(page, choice):
+    """A docs page whose ``xp = ...np...`` line offers a choice (the index page's dozen lines, the
+    getting-started tour) prints what it claims with each module offered in place of ``np``, the raw
+    module as a reader types it: ``xp = torch`` with ``torch.sort`` returning a tuple included."""
+    module = _offered_module(choice)
+    with _x64_for(choice):
+        _run_blocks(page, _generic_blocks(page), module)
+
+
+def test_docs_index_has_the_install_lines_and_a_short_example():
+    """The site's front page: how to install (from a clone, and the distribution's name) and a dozen lines
+    of code after the imports (the example itself runs in the tests above)."""
+    index = ROOT / "docs" / "index.md"
+    bash = "\n".join(re.findall(r"```bash\n(.*?)```", index.read_text(encoding="utf-8"), flags=re.S))
+    assert 'pip install -e ".[demo]"' in bash and "pip install geoarray-ml " in bash, bash
+    block = _python_blocks(index)[0]
+    code = [line for line in block.splitlines() if line.strip() and not re.match(r"(import|from) ", line)]
+    assert len(code) <= 12, f"the index page's example has {len(code)} lines after its imports"
+    assert _offered(_XP_LINE.search(block).group(3))[1:], "the index page's example offers no other namespace"
 
 
 @pytest.mark.parametrize("page", [p for p in DOCUMENTS[1:] if _python_blocks(p)], ids=lambda p: p.name)

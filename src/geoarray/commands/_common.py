@@ -198,7 +198,8 @@ def checkpoint_options(args: argparse.Namespace, record: dict | None = None) -> 
     {flag: value}}``: what :func:`check_out` compares on ``--resume``) in its meta.json.
 
     Runs :func:`check_out`. Without ``--resume`` earlier checkpoints are removed (the run starts over, as
-    metrics.json is rewritten); with it and no checkpoint yet, a note on stderr says the run starts afresh.
+    metrics.json is rewritten); with it and no checkpoint yet, a note on stderr says the run starts afresh,
+    and with a run that has trained ``--epochs`` or more already, a note says nothing is trained.
     """
     if not hasattr(args, "resume"):
         return {}
@@ -227,6 +228,18 @@ def checkpoint_options(args: argparse.Namespace, record: dict | None = None) -> 
     elif newest is None and args.resume:
         prog = getattr(args, "prog", "geoarray")
         print(f"{prog}: note: --resume: no checkpoint in {path!r} yet; the run starts at epoch 1", file=sys.stderr)
+    elif args.resume:
+        from .._checkpoints import newest_intact
+
+        done = newest_intact(path)[1].get("epoch")
+        epochs = getattr(args, "epochs", None)
+        if isinstance(done, int) and isinstance(epochs, int) and done >= epochs:
+            prog = getattr(args, "prog", "geoarray")
+            print(
+                f"{prog}: note: --resume: the run in {path!r} has trained {done} epoch{'s' * (done != 1)}, so "
+                f"--epochs {epochs} trains none (give --epochs above {done} to continue it)",
+                file=sys.stderr,
+            )
     options = {
         "checkpoint_path": path,
         "checkpoint_every": args.checkpoint_every,

@@ -121,7 +121,7 @@ def add_train_parsers(train_subparsers: Any) -> None:
                 default="zero",
                 help="initial attention matrices: zero (Ā = 0, the default) or normal (random)",
             )
-        else:
+        if name == "sympnet":  # vpt learns the rigid body only: a --system there would be ignored
             p.add_argument(
                 "--system", choices=("pendulum", "oscillator"), default="pendulum", help="system (default: pendulum)"
             )

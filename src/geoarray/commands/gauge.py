@@ -55,7 +55,20 @@ def _reason(exc: Exception) -> str:
     argument and the fix; a KeyError's is only the key)."""
     if isinstance(exc, KeyError):
         return f"missing key {exc.args[0]!r}" if exc.args else "missing key"
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    # the library asks its caller for config=; on the command line the configuration comes from the file
+    return text.replace("; pass config= (layout", "; put the model's Hugging Face config.json beside it (layout")
+
+
+def _check_out_file(out: str, what: str) -> None:
+    """``--out FILE`` checked before any work: not a directory, in a directory that exists."""
+    if os.path.isdir(out):
+        raise CommandError(f"--out {out!r} is a directory; give the path of the {what} to write")
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CommandError(f"--out {out!r}: {out_dir!r} is a file, not a directory")
+    if not os.path.isdir(out_dir):
+        raise CommandError(f"--out directory {out_dir!r} does not exist")
 
 
 def _config_from_arg(text: str) -> Any:
@@ -192,6 +205,8 @@ def run_check(args: argparse.Namespace) -> int:
     prog = "geoarray gauge check"
     try:
         xp = namespace_for(args.backend)
+        if args.out:
+            _check_out_file(args.out, "JSON report")
         from ..gauge.check import check
         from ..models.language import count_params
 
@@ -219,8 +234,12 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         _print_report(report)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, default=str)
+        try:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                json.dump(report, fh, indent=2, default=str)
+        except OSError as exc:  # a file-system error after the checks above: exit code 1, as geoarray.cli's
+            _fail(prog, f"--out {args.out!r} could not be written ({exc.strerror or exc})")
+            return 1
     return 0
 
 
@@ -236,9 +255,7 @@ def run_fix(args: argparse.Namespace) -> int:
         if not os.path.exists(args.checkpoint):
             raise CommandError(f"checkpoint {args.checkpoint!r} does not exist")
         require("safetensors", extra="gauge")
-        out_dir = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(out_dir):
-            raise CommandError(f"--out directory {out_dir!r} does not exist")
+        _check_out_file(args.out, "gauge-fixed safetensors file")
         model, params = load_checkpoint(args.checkpoint, xp=xp)
         fixed, reduced = gauge_fix(model, params)
         c = model.config
