@@ -430,3 +430,81 @@ def test_partition_refuses_unknown_labels_and_other_trees(xp, device):
         optim.partition([optim.Adam()], labels)
     with pytest.raises(ValueError, match="labels must have the tree structure"):
         optim.partition({"a": optim.Adam()}, {"heads": "a"}).init(params, mans)
+
+
+# ---------------------------------------------------------------------------------------------
+# empty leaves (the B block of a square frame's g^hor is (0, n))
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["pure", "donated"])
+@pytest.mark.parametrize("name", ["adam", "torch_adam", "torch_adamw", "lr", "lr_schedule"])
+def test_elementwise_transforms_pass_an_empty_leaf_through_and_the_rest_unchanged(xp, device, name, donate):
+    """An elementwise transform passes an empty leaf through (an elementwise operation of an empty array is
+    an empty array: it runs none), as an empty array of the leaf's shape and dtype in the update and the
+    state, and gives the other leaves bitwise as it gives them without the empty leaf (the same
+    computation, repeated)."""
+    from geoarray.optim import torch_rules
+
+    make = {
+        "adam": lambda: scale_by_adam(),
+        "torch_adam": lambda: torch_rules.scale_by_torch_adam(),
+        "torch_adamw": lambda: torch_rules.scale_by_torch_adam(weight_decay=0.1, decoupled_weight_decay=True),
+        "lr": lambda: scale_by_learning_rate(1e-2),
+        "lr_schedule": lambda: scale_by_learning_rate(lambda t: 1e-2 / t),
+    }[name]
+
+    def tree(seed, empty):
+        full = {"a": geoarray.random.normal(seed, (4, 3), xp=xp, dtype=xp.float64, device=device)}
+        if empty:
+            full["b"] = xp.zeros((0, 3), dtype=xp.float64, device=device)
+        return full
+
+    kw = {"donate": True} if donate else {}
+    with_empty, without = make(), make()
+    params, params_ = tree(0, True), tree(0, False)
+    state, state_ = with_empty.init(params), without.init(params_)
+    for k in range(1, 4):
+        out, state = with_empty.update(tree(k, True), state, params, **kw)
+        out_, state_ = without.update(tree(k, False), state_, params_, **kw)
+        assert tuple(out["b"].shape) == (0, 3) and out["b"].dtype == xp.float64
+        assert np.array_equal(to_numpy(out["a"]), to_numpy(out_["a"]))
+        leaves, leaves_ = optree.tree_leaves(state), optree.tree_leaves(state_)
+        assert len(leaves) == len(leaves_) + (len(leaves) - len(leaves_))  # one empty entry per moment
+        full = [x for x in leaves if tuple(x.shape) != (0, 3)]
+        assert all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(full, leaves_, strict=True))
+
+
+def test_a_square_frames_torch_adam_step_runs_no_operation_on_an_empty_tensor(backend):
+    """The eager ``geoarray.torch.Adam`` step of a 128×128 orthogonal weight (geotorch's copying task): its
+    g^hor has an empty B block (0 × 128), on which no torch operation runs (they were 15 of its 64)."""
+    if backend.kind != "torch":
+        pytest.skip("counts torch operations: geoarray.torch runs on torch tensors only")
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    import geoarray.torch as gt
+
+    class Empty(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in optree.tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
+            if tensors and all(t.numel() == 0 for t in tensors):
+                self.seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    M = Stiefel(128, 128)
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32), M)
+    opt = gt.Adam([W], lr=1e-4)
+    W.grad = 1e-2 * torch.randn(128, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    opt.step()
+    mode = Empty()
+    with mode:
+        opt.step()
+    # creating the empty block, and reading its attributes (__get__: .shape, .dtype), are not operations on it
+    allowed = {"zeros", "empty", "new_zeros", "new_empty", "detach", "__get__"}
+    assert [f for f in mode.seen if f not in allowed] == [], mode.seen
+    assert M.point_error(W.detach()) < 1e-5

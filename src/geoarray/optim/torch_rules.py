@@ -24,6 +24,7 @@ from .transforms import (
     EmptyState,
     GradientTransformation,
     _scaled,
+    _skip_empty,
     check_nonnegative,
     check_unit_interval,
     count_as_float,
@@ -179,7 +180,7 @@ def scale_by_torch_adam(
         count = state.count + 1
         coefficient = _step_coefficients(count, compute)
         if uses_decay and not decoupled:
-            updates = optree.tree_map(lambda g, p: g + coefficient(g)[7] * p, updates, params)
+            updates = optree.tree_map(_skip_empty(lambda g, p: g + coefficient(g)[7] * p), updates, params)
         # torch: exp_avg.lerp_(grad, 1 − β₁); exp_avg_sq.mul_(β₂).addcmul_(grad, grad, value=1 − β₂), in
         # place where the state was handed over (donate), as torch does
         lerp = _backend.lerp_ if donate else _backend.lerp
@@ -190,9 +191,9 @@ def scale_by_torch_adam(
             return square(v, c[1], c[2], g, array_namespace(g))
 
         exp_avg = optree.tree_map(
-            lambda m, g: lerp(m, g, coefficient(g)[0], array_namespace(g)), state.exp_avg, updates
+            _skip_empty(lambda m, g: lerp(m, g, coefficient(g)[0], array_namespace(g))), state.exp_avg, updates
         )
-        exp_avg_sq = optree.tree_map(second_moment, state.exp_avg_sq, updates)
+        exp_avg_sq = optree.tree_map(_skip_empty(second_moment), state.exp_avg_sq, updates)
         if amsgrad:
             if donate:
                 top: Any = optree.tree_map(_maximum_, state.max_exp_avg_sq, exp_avg_sq)
@@ -221,9 +222,9 @@ def scale_by_torch_adam(
             out /= bc1
             return out
 
-        out = optree.tree_map(direction, exp_avg, second, updates)
+        out = optree.tree_map(_skip_empty(direction), exp_avg, second, updates)
         if uses_decay and decoupled:
-            out = optree.tree_map(lambda u, p: u + coefficient(u)[7] * p, out, params)
+            out = optree.tree_map(_skip_empty(lambda u, p: u + coefficient(u)[7] * p), out, params)
         return out, ScaleByTorchAdamState(_backend.as_array(count), exp_avg, exp_avg_sq, top)
 
     def reframe(state: ScaleByTorchAdamState, rotate: Callable[[Any, int], Any]) -> ScaleByTorchAdamState:

@@ -186,6 +186,20 @@ def count_as_float(count: Array, like: Array) -> Array:
     return xp.astype(xp.asarray(count), like.dtype)
 
 
+def _skip_empty(fn: Callable[..., Array]) -> Callable[..., Array]:
+    """``fn`` for an elementwise map over leaves, returning its first argument itself where that is empty.
+
+    An elementwise operation of an empty array is that array: skipping it keeps every result and saves
+    its dispatches. The B block of a square frame's g^hor is (0, n), and Adam's moments, direction and
+    rate scaling of it were 15 of the 64 torch operations of a 128×128 eager ``geoarray.torch.Adam`` step.
+    """
+
+    def skipping(x: Array, *rest: Any) -> Array:
+        return x if math.prod(x.shape) == 0 else fn(x, *rest)
+
+    return skipping
+
+
 def check_unit_interval(value: Any, name: str, *, closed: bool = False) -> float:
     ok = (
         isinstance(value, (int, float))
@@ -379,14 +393,14 @@ def scale_by_adam(
         if donate:  # the same operations in place: the moments, then the direction in the gradient's array
             return _adam_in_place(updates, state, count, coefficient, delta, eps)
         # two maps rather than one map + unflatten_up_to: torch.compile traces tree_map, not tree specs
-        mu = optree.tree_map(first, state.mu, updates)
-        nu = optree.tree_map(second, state.nu, updates)
+        mu = optree.tree_map(_skip_empty(first), state.mu, updates)
+        nu = optree.tree_map(_skip_empty(second), state.nu, updates)
 
         def direction(m: Array, v: Array) -> Array:
             root = array_namespace(v).sqrt(v + delta) if delta else array_namespace(v).sqrt(v)
             return m / (root + eps) if eps else m / root
 
-        return optree.tree_map(direction, mu, nu), ScaleByAdamState(_backend.as_array(count), mu, nu)
+        return optree.tree_map(_skip_empty(direction), mu, nu), ScaleByAdamState(_backend.as_array(count), mu, nu)
 
     def reframe(state: ScaleByAdamState, rotate: Callable[[Any, int], Any]) -> ScaleByAdamState:
         return ScaleByAdamState(state.count, rotate(state.mu, 1), rotate(state.nu, 2))
@@ -403,6 +417,8 @@ def _adam_in_place(
     same values, as the pure update)."""
 
     def step(m: Array, v: Array, g: Array) -> tuple[Array, Array, Array]:
+        if math.prod(g.shape) == 0:  # nothing to write (_skip_empty)
+            return g, m, v
         xp = array_namespace(g)
         c1, c2 = coefficient(g)
         m = _backend.lerp_(m, g, c1, xp)
@@ -459,7 +475,9 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
             updates: Any, state: ScaleByScheduleState, params: Any = None, *, donate: bool = False
         ) -> tuple[Any, Any]:
             count = state.count + 1
-            out = optree.tree_map(lambda u: _scaled(u, -schedule(count_as_float(count, u)), donate), updates)
+            out = optree.tree_map(
+                _skip_empty(lambda u: _scaled(u, -schedule(count_as_float(count, u)), donate)), updates
+            )
             return out, ScaleByScheduleState(_backend.as_array(count))
 
         host_value = getattr(schedule, "host_value", None)
@@ -482,7 +500,7 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     def update_const(
         updates: Any, state: EmptyState, params: Any = None, *, donate: bool = False
     ) -> tuple[Any, EmptyState]:
-        return optree.tree_map(lambda u: _scaled(u, -rate, donate), updates), state
+        return optree.tree_map(_skip_empty(lambda u: _scaled(u, -rate, donate)), updates), state
 
     return GradientTransformation(
         init_const, update_const, reframe=keep_state, bound=scaled_bound(rate), elementwise=True, donates=True
