@@ -118,7 +118,8 @@ def test_muon_through_optax_and_make_train_step():
 
 def test_partition_of_manifold_muon_and_adam_through_optax_and_make_train_step():
     """The ViT recipe: ``partition({"muon": ManifoldMuon, "adam": Adam}, labels)`` with ``labels`` a tree like the
-    user's params (the adapters re-key it by path); also as a callable ``params -> labels``."""
+    user's params (the adapters re-key it by path); also as a callable ``params -> labels`` and as a function
+    ``(path, leaf) -> label``."""
     params, mans, batch, loss = _problem()
     labels = {"Y": "muon", "W": "muon", "w": "adam"}
     ref = _core(_partition(labels), params, mans, batch, loss)
@@ -127,6 +128,10 @@ def test_partition_of_manifold_muon_and_adam_through_optax_and_make_train_step()
                   start=params)  # fmt: skip
     _assert_equal(_via_train_step(_partition(labels), params, mans, batch, loss), ref, keys)
     _assert_equal(_via_train_step(_partition(lambda p: labels), params, mans, batch, loss), ref, keys)
+    # and as a function of each leaf's path (the tuple of its keys) and the leaf, as in geoarray.optim
+    by_path = _partition(lambda path, leaf: "adam" if path == ("w",) else "muon")
+    _assert_equal(_via_train_step(by_path, params, mans, batch, loss), ref, keys)
+    _assert_equal(_via_optax(ga.jax.optax_transform(mans, by_path), params, batch, loss), ref, keys)
     assert mans["Y"].is_point(ref["Y"], atol=1e-12)
     with pytest.raises(ValueError, match=r"labels have no entry for the parameter\(s\) \['w'\]"):
         ga.jax.make_train_step(loss, _partition({"Y": "muon", "W": "muon"}), params, mans)

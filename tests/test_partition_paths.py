@@ -167,6 +167,15 @@ def test_a_label_function_returning_an_unknown_key_names_the_leaf(xp, device):
     assert "labels(params['head'], leaf) returned 'typo'" in str(info.value)
 
 
-def test_a_label_function_of_one_argument_is_refused_when_built():
-    with pytest.raises(TypeError, match=r"function \(path, leaf\) -> key"):
-        optim.partition({"a": optim.Adam()}, lambda path: "a")
+def test_a_label_function_of_the_params_is_optaxs_convention(xp, device):
+    """``labels(params) -> tree`` (optax's ``multi_transform``) labels as the tree it returns: the same layout."""
+    opt = optim.partition({"m": optim.Adam(), "a": optim.Adam(), "mu": optim.Adam()}, lambda params: LABELS)
+    state = opt.init(_tree(xp, device), MANIFOLDS)
+    assert state.layout.labels == _adams().init(_tree(xp, device), MANIFOLDS).layout.labels == ("m", "a", "mu")
+
+
+def test_a_label_function_of_neither_one_nor_two_arguments_is_refused_when_built():
+    with pytest.raises(TypeError, match=r"function \(path, leaf\) -> key.*cannot be called with one argument nor"):
+        optim.partition({"a": optim.Adam()}, lambda: "a")
+    with pytest.raises(TypeError, match="cannot be called with one argument nor with two"):
+        optim.partition({"a": optim.Adam()}, lambda a, b, c: "a")

@@ -24,11 +24,12 @@ from .. import _backend
 from ..manifolds import Grassmann, Stiefel, SymplecticStiefel
 from ..manifolds.base import Manifold
 from ..optim.layout import is_manifold_leaf
+from ..optim.partition import _arity
 
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
 
 _ROOT = "(root)"
-_BY_NAME = {"stiefel": Stiefel, "grassmann": Grassmann, "symplectic_stiefel": SymplecticStiefel}
+_BY_NAME: dict[str, type[Manifold]] = {"stiefel": Stiefel, "grassmann": Grassmann, "symplectic_stiefel": SymplecticStiefel}
 
 
 def path_str(path: tuple) -> str:
@@ -55,6 +56,22 @@ def path_str(path: tuple) -> str:
 
 def _is_jax_array(x: Any) -> bool:
     return isinstance(x, jax.Array)  # tracers included
+
+
+def _key_tuple(path: tuple) -> tuple:
+    """A ``jax.tree_util`` key path as the tuple of its keys, ``('blocks', 0, 'W')``, as
+    :func:`geoarray.optim.partition` hands a ``labels(path, leaf)`` function."""
+    out: list[Any] = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.append(k.key)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            out.append(k.idx)
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            out.append(k.name)
+        else:  # FlattenedIndexKey
+            out.append(getattr(k, "key", k))
+    return tuple(out)
 
 
 def _is_function(x: Any) -> bool:
@@ -128,7 +145,9 @@ def align_labels(labels: Any, params: Any, flat_params: Mapping[str, Any]) -> di
     callable ``params -> tree``, as optax's ``multi_transform`` accepts); it is re-keyed by path so
     that the partition sees the same ``{path: leaf}`` dict as every geoarray optimizer here.
     """
-    if _is_function(labels):
+    if _is_function(labels) and _arity(labels) == 2:  # labels(path, leaf) -> key, the path as a tuple of keys
+        labels = jax.tree_util.tree_map_with_path(lambda path, leaf: labels(_key_tuple(path), leaf), params)
+    elif _is_function(labels):
         labels = labels(params)
     pairs, _ = jax.tree_util.tree_flatten_with_path(labels)
     found = {path_str(path): label for path, label in pairs}

@@ -4,12 +4,12 @@
     state = opt.init(params, manifolds)            # labels: a tree like params holding the keys
     params, state = opt.update(params, grads, state)
 
-``labels`` may also be a function of each leaf's path and the leaf, as optax's ``multi_transform`` takes a
-function for its labels::
+``labels`` may also be a function, called by ``init`` (which records the labels in the state; ``update``
+never calls it): of one argument, ``labels(params)`` returns the tree of labels, as optax's
+``multi_transform`` takes it; of two, ``labels(path, leaf)`` labels one leaf from its path (the tuple of its
+keys) and the leaf itself::
 
     labels = lambda path, leaf: "muon" if path[-1] == "W" else "adam"   # path: ('blocks', 0, 'W')
-
-It is called once per leaf by ``init``, which records the labels in the state; ``update`` never calls it.
 
 Each member optimizer sees the leaves labelled with its key, as a dict from the leaf's path in
 ``params`` (a :class:`~geoarray.optim.layout.LeafPath`, e.g. ``"['blocks'][0]['W_q']"``) to the leaf,
@@ -66,10 +66,11 @@ class PartitionedOptimizer:
                 raise TypeError(f"optimizer labels must be strings, got {key!r}")
             if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
                 raise TypeError(f"optimizers[{key!r}] must have init(params, manifolds) and update(...), got {opt!r}")
-        if callable(labels) and not _takes_two_arguments(labels):
+        if callable(labels) and _arity(labels) is None:
             raise TypeError(
-                f"labels must be a tree of optimizer keys like params, or a function (path, leaf) -> key; got "
-                f"{labels!r}, which cannot be called with two arguments (write lambda path, leaf: ...)"
+                f"labels must be a tree of optimizer keys like params, a function params -> that tree (optax's "
+                f"multi_transform), or a function (path, leaf) -> key; got {labels!r}, which cannot be called "
+                "with one argument nor with two"
             )
         self.optimizers = dict(optimizers)
         self.labels = labels
@@ -79,12 +80,13 @@ class PartitionedOptimizer:
 
     def _assign(self, params: Any) -> tuple[Any, list[str], list[str]]:
         paths, leaves, treedef = optree.tree_flatten_with_path(params)
-        if callable(self.labels):
+        if callable(self.labels) and _arity(self.labels) == 2:
             labels = [self.labels(path, leaf) for path, leaf in zip(paths, leaves, strict=True)]
             named = "labels(params{}, leaf) returned {!r}"
         else:
+            tree = self.labels(params) if callable(self.labels) else self.labels
             try:
-                labels = treedef.flatten_up_to(self.labels)
+                labels = treedef.flatten_up_to(tree)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"labels must have the tree structure of params {treedef}: {exc}") from None
             named = "labels{} is {!r}"
@@ -151,19 +153,25 @@ class PartitionedOptimizer:
         return out.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
 
 
-def _takes_two_arguments(fn: Any) -> bool:
+def _arity(fn: Any) -> int | None:
+    """2 if ``fn`` takes two positional arguments (a per-leaf labelling), 1 if one (optax's ``params -> tree``),
+    else None; a callable without a signature (a builtin) counts as 1, and its call says what is wrong."""
     try:
-        inspect.signature(fn).bind(None, None)
-    except TypeError:
-        return False
-    except ValueError:  # a builtin without a signature: let the call say
-        return True
-    return True
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1
+    for arity in (2, 1):
+        try:
+            signature.bind(*(None,) * arity)
+        except TypeError:
+            continue
+        return arity
+    return None
 
 
 def partition(optimizers: dict, labels: Any) -> PartitionedOptimizer:
     """One optimizer per label: ``labels`` is a tree like the parameters whose leaves are keys of
-    ``optimizers``, or a function ``labels(path, leaf) -> key`` of a leaf's path (the tuple of its keys,
-    ``('blocks', 0, 'W')``) and the leaf; each member updates the leaves carrying its key (see the module
-    docstring)."""
+    ``optimizers``, a function ``labels(params)`` returning that tree (optax's ``multi_transform``), or a
+    function ``labels(path, leaf) -> key`` of a leaf's path (the tuple of its keys, ``('blocks', 0, 'W')``)
+    and the leaf; each member updates the leaves carrying its key (see the module docstring)."""
     return PartitionedOptimizer(optimizers, labels)
