@@ -179,8 +179,39 @@ def contenders(backend: str, name: str, layers: int | None, layout: str, chunk_b
         theirs[0], theirs[1] = donated(*theirs)
         block_leaves(theirs[0])
 
+    # the kernels' floor as on torch: per layer's stack one geqrf and six (N×n)·(n×n) products, chained so
+    # that XLA cannot merge them
+    stacks = [xp.stack(points[i : i + 3 * SETS[name][1]]) for i in range(0, len(points), 3 * SETS[name][1])]
+    stacks = stacks if points[0].ndim == 2 else list(points)
+    factors = [xp.eye(HEAD, dtype=Y.dtype) + 1e-3 * xp.ones((*Y.shape[:-2], HEAD, HEAD), dtype=Y.dtype) for Y in stacks]
+
+    @jax.jit
+    def floor_kernels(stacks: list, factors: list) -> list:
+        out = []
+        for Y, F in zip(stacks, factors, strict=True):
+            out.append(xp.linalg.qr(Y, mode="r"))
+            Z = Y
+            for _ in range(6):
+                Z = Z @ F
+            out.append(Z)
+        return out
+
+    def floor() -> None:
+        block_leaves(floor_kernels(stacks, factors))
+
     del geoarray
-    return {"geoarray": jax_ours, "adam": jax_theirs}
+    return {"geoarray": jax_ours, "adam": jax_theirs, "floor": floor}
+
+
+def pin_threads(threads: int) -> None:
+    """Every library of this process (and of the memory runs it starts) on ``threads`` threads, set before
+    JAX and SciPy's OpenBLAS (JAX's LAPACK on the CPU) are loaded; a caller's settings win."""
+    if "jax" in sys.modules:
+        raise RuntimeError("pin_threads must run before jax is imported")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    if threads == 1 and "XLA_FLAGS" not in os.environ:
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 def _rss_kib(field: str) -> int:
@@ -377,6 +408,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_timing_arguments(parser, argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
+    pin_threads(args.threads)
     if args.memory_of is not None:
         print(json.dumps(measure_memory(args)))
         return []

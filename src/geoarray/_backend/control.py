@@ -121,6 +121,39 @@ def is_traced(x: Any) -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def ordered_after(values: Any, previous: Any) -> Any:
+    """``values`` (a pytree of arrays), usable only once ``previous`` (a pytree of arrays, or None) is
+    computed: traced by JAX, the first leaf of ``values`` gets a data dependency on one entry of every
+    array of ``previous`` (it is added as 0·s, s made finite: the values are unchanged, except that a
+    −0.0 entry becomes +0.0), so that XLA runs the work on ``values`` after the work that made
+    ``previous`` instead of beside it. Elsewhere ``values`` unchanged (eager operations and
+    ``torch.compile``'s kernels run in program order).
+
+    Why: jaxlib's batched LAPACK kernels on the CPU (``geqrf``, the triangular solve, LU) split their
+    batch over XLA's intra-op thread pool and block until it is done; two started at once, one on each
+    pool thread, wait for each other for ever (jaxlib 0.10.2 on two cores: a jitted Adam step on two
+    Stiefel groups, 36 × St(768, 64) and 36 × St(512, 64), hung in 5 of 6 runs; with its sections and
+    retractions ordered by this, 8 of 8 finished). An ``optimization_barrier`` does not do it: XLA turns
+    it into control dependencies, which its CPU runtime does not order thunks by
+    (tests/test_jax_lapack_order.py)."""
+    leaves = optree.tree_leaves(values)
+    if previous is None or not leaves:
+        return values
+    jax = sys.modules.get("jax")
+    if jax is None or not isinstance(leaves[0], jax.core.Tracer):
+        return values
+    before = [x for x in optree.tree_leaves(previous) if isinstance(x, jax.Array) and x.size]
+    if not before:
+        return values
+    # XLA cannot fold 0·s away (0·x is not 0 for a float it cannot see is finite)
+    jnp = sys.modules["jax.numpy"]
+    s = sum(jnp.reshape(x, (-1,))[0].astype(jnp.float32) for x in before)  # one entry of each: all computed
+    zero = 0 * jnp.where(jnp.isfinite(s), s, 0)
+    first, *rest = leaves
+    spec = optree.tree_structure(values)
+    return optree.tree_unflatten(spec, [first + zero.astype(first.dtype), *rest])
+
+
 def computed_once(x: Array) -> Array:
     """``x`` itself; under ``torch.compile``, a floating ``x`` kept as a stored value that the loops reading
     it load.

@@ -29,7 +29,11 @@ from ..optim.partition import _arity
 __all__ = ["init_on_manifolds", "manifolds_like", "path_str"]
 
 _ROOT = "(root)"
-_BY_NAME: dict[str, type[Manifold]] = {"stiefel": Stiefel, "grassmann": Grassmann, "symplectic_stiefel": SymplecticStiefel}
+_BY_NAME: dict[str, type[Manifold]] = {
+    "stiefel": Stiefel,
+    "grassmann": Grassmann,
+    "symplectic_stiefel": SymplecticStiefel,
+}
 
 
 def path_str(path: tuple) -> str:

@@ -455,9 +455,13 @@ class RiemannianOptimizer:
         step = _backend.as_array(state.step + 1)
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
+        latest = None  # the last section computed, which the next one is ordered after
         for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
             Y = _layout.pack(group, leaves, xp)
-            lam = self._section(group, Y, g, step, state.sections)
+            # under jax.jit one group's section (a batched geqrf) after the last one's: two at once can
+            # hang jaxlib's CPU LAPACK kernels (_backend.ordered_after)
+            lam = self._section(group, _backend.ordered_after(Y, latest), g, step, state.sections)
+            latest = lam if optree.tree_leaves(lam) else latest
             points.append(Y)
             lams.append(lam)
             lifted.append(group.manifold.lift(Y, lam, G))
@@ -483,8 +487,11 @@ class RiemannianOptimizer:
         else:
             velocity, inner = self.transform.update(tuple(lifted), inner, transform_params)
         bound = self._velocity_bound(layout)
-        new_points, new_sections = [], []
+        new_points: list = []
+        new_sections: list = []
         for group, lam, W in zip(layout.groups, lams, velocity, strict=True):
+            # (as the sections above; the first after the last section: the transform works leaf by leaf)
+            W = _backend.ordered_after(W, new_points[-1] if new_points else latest)
             Y_new, lam_new = self._retract(group, lam, W, bound)
             new_points.append(Y_new)
             new_sections.append(lam_new)
