@@ -205,13 +205,19 @@ def contenders(backend: str, name: str, layers: int | None, layout: str, chunk_b
 
 def pin_threads(threads: int) -> None:
     """Every library of this process (and of the memory runs it starts) on ``threads`` threads, set before
-    JAX and SciPy's OpenBLAS (JAX's LAPACK on the CPU) are loaded; a caller's settings win."""
-    if "jax" in sys.modules:
-        raise RuntimeError("pin_threads must run before jax is imported")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
-    if threads == 1 and "XLA_FLAGS" not in os.environ:
-        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    JAX and SciPy's OpenBLAS (JAX's LAPACK on the CPU) are loaded; a caller's settings win. Run as a
+    script only: ``main`` called from a test leaves the test process's environment alone (its memory runs
+    are pinned by :func:`memory_row`)."""
+    os.environ.update(pinned_env(threads, os.environ))
+
+
+def pinned_env(threads: int, env: Any) -> dict:
+    """The variables that put OpenMP, OpenBLAS, MKL and XLA's CPU client on ``threads`` threads, less those
+    that ``env`` sets already."""
+    wanted = {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    if threads == 1:
+        wanted["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    return {k: v for k, v in wanted.items() if k not in env}
 
 
 def _rss_kib(field: str) -> int:
@@ -333,6 +339,7 @@ def memory_row(args: argparse.Namespace, backend: str, name: str, who: str) -> f
     cmd += [] if args.layers is None else ["--layers", str(args.layers)]
     cmd += [] if args.chunk_bytes is None else ["--chunk-bytes", str(args.chunk_bytes)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    env.update(pinned_env(args.threads, env))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the memory run of {who} on {backend} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -408,7 +415,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_timing_arguments(parser, argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
-    pin_threads(args.threads)
     if args.memory_of is not None:
         print(json.dumps(measure_memory(args)))
         return []
@@ -458,4 +464,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv[:-1] else "1"  # its default
+    if _threads.isdigit():
+        pin_threads(int(_threads))
     main()
