@@ -3,7 +3,7 @@
 jaxlib's CPU LAPACK kernels (``geqrf``, the triangular solve, LU) split their batch over XLA's intra-op
 thread pool and block until it is done; two started at once, one on each pool thread, wait for each other
 for ever. On this project's two-core machine a jitted Adam step on two Stiefel groups (36 × St(768, 64)
-and 36 × St(512, 64)) hung in 5 of 6 runs (jaxlib 0.10.2). ``_backend.ordered_after`` gives each group's
+and 36 × St(512, 64)) hung in 4 of 5 runs (jaxlib 0.10.2). ``_backend.ordered_after`` gives each group's
 section and retraction a data dependency on the group before it (XLA's CPU runtime orders its thunks by
 data, not by the control dependencies an ``optimization_barrier`` becomes), so the property checked here
 is structural and does not depend on a race: in the compiled program, every pair of LAPACK custom calls

@@ -132,10 +132,10 @@ def ordered_after(values: Any, previous: Any) -> Any:
     Why: jaxlib's batched LAPACK kernels on the CPU (``geqrf``, the triangular solve, LU) split their
     batch over XLA's intra-op thread pool and block until it is done; two started at once, one on each
     pool thread, wait for each other for ever (jaxlib 0.10.2 on two cores: a jitted Adam step on two
-    Stiefel groups, 36 × St(768, 64) and 36 × St(512, 64), hung in 5 of 6 runs; with its sections and
-    retractions ordered by this, 8 of 8 finished). An ``optimization_barrier`` does not do it: XLA turns
-    it into control dependencies, which its CPU runtime does not order thunks by
-    (tests/test_jax_lapack_order.py)."""
+    Stiefel groups, 36 × St(768, 64) and 36 × St(512, 64), hung in 4 of 5 runs; with its sections and
+    retractions ordered by this, 12 of 12 finished; the eager step, which this leaves alone, 4 of 4). An
+    ``optimization_barrier`` does not do it: XLA turns it into control dependencies, which its CPU runtime
+    does not order thunks by (tests/test_jax_lapack_order.py)."""
     leaves = optree.tree_leaves(values)
     if previous is None or not leaves:
         return values
