@@ -33,6 +33,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
     "public_api",  # docs/_ext: one page per public module; fails the build on an undocumented public name
+    "table_code_breaks",  # docs/_ext: code in table cells breaks at its punctuation, so tables fit the column
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]

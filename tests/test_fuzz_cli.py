@@ -50,9 +50,12 @@ def _stop(*args, **kwargs):
 
 
 @pytest.fixture
-def stopped(monkeypatch, backend):
+def stopped(monkeypatch, backend, tmp_path_factory):
     if backend.name != "numpy":
         pytest.skip("the CLI takes its own --backend; its arguments are fuzzed once, in the numpy session")
+    # the --out checks create their folder before the sentinel stops the run: relative paths ("gpt2-tiny",
+    # demo's default "geoarray-demo") land in a folder of the test's own, not in the clone
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     # geoarray.gauge.check is also the name of the function the package exports: take the module
     monkeypatch.setattr(importlib.import_module("geoarray.gauge.check"), "check", _stop)
     monkeypatch.setattr(importlib.import_module("geoarray.train"), "fit", _stop)
