@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -99,6 +101,15 @@ def test_check_and_fix_checkpoint(cli_backend, xp, device, capsys, tmp_path):
     tok = xp.asarray(np.arange(12).reshape(3, 4) % 8, dtype=xp.int64, device=device)
     a, b = to_numpy(fixed.apply(reduced, tok)), to_numpy(model.apply(params, tok))
     assert np.abs(a - b).max() <= 1e-12 * np.abs(b).max()
+    # both files get a new file's permissions (safetensors' own writer makes them 0600 whatever the umask)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (path, out)} == {0o666 & ~umask}
+    # a gauge-fixed file given to `check` is named as what it is, in one line (before: "missing 'wte.weight'")
+    capsys.readouterr()
+    assert run(["gauge", "check", "--checkpoint", str(out), "--backend", cli_backend]) == 2
+    err = capsys.readouterr().err
+    assert "is a gauge-fixed model" in err and "geoarray.gauge.load_fixed" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._backend import as_namespace, resolve_dtype, to_host
+from ..models.language.hf import _GAUGE_FIXED_FORMAT
 from .fixing import GaugeFixedLM
 
 __all__ = ["FORMAT", "load_fixed", "save_fixed"]
 
-FORMAT = "geoarray-gauge-fixed-v1"
+FORMAT = _GAUGE_FIXED_FORMAT  # "geoarray-gauge-fixed-v1"; load_checkpoint names such a file
 
 
 def save_fixed(path: Any, fixed: GaugeFixedLM, reduced: Mapping[str, Any], *, dtype: str = "float32") -> None:

@@ -340,6 +340,9 @@ def to_hf_state_dict(config: Any, params: Mapping[str, Array]) -> dict[str, Arra
 
 
 _META_KEY = "geoarray_config"
+# the format tag of geoarray.gauge's gauge-fixed files (geoarray.gauge.checkpoints.FORMAT is this one): defined
+# here, below gauge, because load_checkpoint recognises such a file to say what it is
+_GAUGE_FIXED_FORMAT = "geoarray-gauge-fixed-v1"
 
 
 def _infer_arch(names: Any) -> str:
@@ -395,6 +398,12 @@ def load_checkpoint(
         raise ValueError(
             f"checkpoint {st_path!r} is damaged, truncated or not a safetensors file ({type(exc).__name__}: {exc})"
         ) from None
+    if meta.get("format") == _GAUGE_FIXED_FORMAT:
+        raise ValueError(
+            f"checkpoint {st_path!r} is a gauge-fixed model (written by geoarray.gauge.save_fixed or `geoarray gauge "
+            "fix`): it holds the reduced parameters, not a Hugging Face layout; read it with "
+            "geoarray.gauge.load_fixed, or give the checkpoint it was fixed from"
+        )
     if config is None:
         if _META_KEY in meta:
             config = json.loads(meta[_META_KEY])
@@ -431,13 +440,17 @@ def save_checkpoint(path: Any, model: Any, params: Mapping[str, Array], *, dtype
     :func:`load_checkpoint` needs nothing else; Hugging Face readers ignore it.
     """
     import numpy as np
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     from ..._backend import to_host
+    from ..._io import atomic_write
 
     c = as_config(model)
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     sd = to_hf_state_dict(c, params)
     host = {k: np.ascontiguousarray(to_host(v), dtype=dtype) for k, v in sd.items()}
-    save_file(host, os.fspath(path), metadata={_META_KEY: json.dumps(c.to_dict())})
+    # safetensors' save_file creates the file with mode 0600 whatever the umask; written here it gets the
+    # permissions of any new file (0666 less the umask), as geoarray.gauge.save_fixed's, and atomically
+    data = save(host, metadata={_META_KEY: json.dumps(c.to_dict())})
+    atomic_write(path, lambda fh: fh.write(data))
