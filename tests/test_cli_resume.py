@@ -6,7 +6,8 @@ with a source line, and it comes before any training: a ``--resume`` whose check
 both values, not "damaged" and two tree dumps), or with another command (a ViT run resumed by
 ``train vpt``); ``--resume`` with an ``--out`` that does not exist (not a fresh run); an ``--out`` that is
 a file (``demo`` and ``train``). A newer damaged checkpoint that ``--resume`` skips is one warning line;
-``--resume`` of a run that has trained ``--epochs`` already is one note line. ``gauge fix`` writes its
+``--resume`` of a run that has trained ``--epochs`` already is one note line, and so is ``--resume`` with
+another ``--backend`` (the run continues there). ``gauge fix`` writes its
 output with the umask's permissions; the gauge commands' messages do not start with the exception's
 class, check ``--out`` before any work, and ask a checkpoint without configuration for its config.json
 (not for the library's ``config=``). Library side: ``fit(resume=True)`` with another model says so in one line
@@ -172,6 +173,20 @@ def test_resume_of_a_run_with_no_epochs_left_says_so(run_dir, cli, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_resume_on_another_backend_continues_with_a_note(run_dir, cli, capsys):
+    cli.setattr("geoarray.train.fit", _no_fit)
+    with pytest.raises(Trained):  # not refused: the run's state converts to the other backend
+        main([*VIT, "--out", str(run_dir), "--resume", "--epochs", "2", "--backend", "array-api-strict"])
+    assert capsys.readouterr().err.strip() == (
+        f"geoarray train vit: note: --resume: the run in {str(run_dir / 'checkpoints')!r} was trained with "
+        "--backend numpy; it continues with --backend array-api-strict (its numbers agree with numpy's to "
+        "rounding, not bit for bit)"
+    )
+    with pytest.raises(Trained):  # the same backend: no note
+        main([*VIT, "--out", str(run_dir), "--resume", "--epochs", "2", "--backend", "numpy"])
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -196,6 +211,7 @@ def test_train_checkpoints_record_the_command_and_its_flags(vit_run, cli):
     assert record["command"] == "train vit"
     assert record["flags"]["--n-layers"] == 1 and record["flags"]["--limit"] == 64
     assert record["flags"]["--patch-size"] == 4 and record["flags"]["--unconstrained"] is False
+    assert record["backend"] == "numpy"
 
 
 # -- gauge -------------------------------------------------------------------------------------------

@@ -182,6 +182,15 @@ def _check_same_run(args: argparse.Namespace, path: str, meta: dict, record: dic
                     f"--resume: the run in {path!r} used {_given(flag, old)}, not {_given(flag, value)}; "
                     f"{fix} to continue it"
                 )
+        # another backend continues the same run (the state converts; kernels round differently): said, not refused
+        then, now = saved.get("backend"), record.get("backend")
+        if then is not None and now is not None and then != now:
+            prog = getattr(args, "prog", "geoarray")
+            print(
+                f"{prog}: note: --resume: the run in {path!r} was trained with --backend {then}; it continues with "
+                f"--backend {now} (its numbers agree with {then}'s to rounding, not bit for bit)",
+                file=sys.stderr,
+            )
     for key in ("seed", "batch_size"):
         if key in meta and getattr(args, key, meta[key]) != meta[key]:
             flag = "--" + key.replace("_", "-")
@@ -220,6 +229,8 @@ def checkpoint_options(args: argparse.Namespace, record: dict | None = None) -> 
 
     from ..train import latest_checkpoint
 
+    if record is not None and getattr(args, "backend", None) is not None:
+        record = {**record, "backend": args.backend}
     check_out(args, record)
     path = os.path.join(args.out, "checkpoints")
     newest = latest_checkpoint(path)
