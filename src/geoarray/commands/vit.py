@@ -67,7 +67,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``demo``."""
     p = subparsers.add_parser(
         "demo",
-        help="Stiefel vs unconstrained vision transformer on digits (under a minute on 2 cores: 54-57 s measured)",
+        help="Stiefel vs unconstrained vision transformer on digits (about a minute on 2 cores: 51-60 s measured)",
         description=(
             "Train the vision transformer on scikit-learn's 8x8 digits twice from the same seed, at the "
             "paper's depth of 16 blocks: Stiefel Q/K/V weights with manifold Adam, and unconstrained "
