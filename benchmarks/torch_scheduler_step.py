@@ -3,8 +3,9 @@
 OneCycleLR (``cycle_momentum=True``) writes ``lr`` and ``betas`` into every param group at every step.
 ``geoarray.torch.Adam`` reads both at every step from the group (no new core); ``PaperAdam`` reads
 ``lr`` but builds a new core whenever ``betas`` change, i.e. at every step (no fresh state: betas enter
-none, ``_STATE_FREE``). ``ManifoldMuon`` reads ``lr`` at every step too (its core takes it as a schedule): a new
-``lr`` builds nothing (its momentum is not cycled here, ``cycle_momentum=False``; it takes the matrices only).
+none: its recipe's ``state_free``). ``ManifoldMuon`` reads ``lr`` at every step too (its core takes it as a
+schedule): a new ``lr`` builds nothing (its momentum is not cycled here, ``cycle_momentum=False``; it takes
+the matrices only).
 The weights are the orthogonal RNN of the copying task (geotorch's example, issue #28): a recurrent
 128×128 weight on Stiefel(128, 128), a 10×128 input and a 128×10 output matrix and their biases. Each
 optimizer runs with and without the scheduler in alternation (fixed random gradients, 3 warm-up steps,

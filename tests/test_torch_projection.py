@@ -212,10 +212,10 @@ def test_the_learning_rate_transfer_example_runs(torch, gt):
 def test_stabilize_projects_every_k_steps(torch, gt, device, monkeypatch):
     """geoopt's stabilize=k: after every k-th step of a group its ManifoldParameters are projected
     (geoarray.torch.project_), after the others not."""
-    import geoarray.torch.conventions as conventions
+    import geoarray.torch.optimizer as optimizer
 
     calls = []
-    monkeypatch.setattr(conventions, "project_", lambda params: calls.append(list(params)))
+    monkeypatch.setattr(optimizer, "project_", lambda params: calls.append(list(params)))
     M = Stiefel(7, 3)
     W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
     b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64, device=device))

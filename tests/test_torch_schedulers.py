@@ -224,11 +224,9 @@ def test_a_new_rate_builds_no_core_and_steps_at_that_rate(torch, gt, device, nam
     schedule): a scheduler's new rate builds neither a core nor a state, and three steps under ExponentialLR
     equal three updates of the array-API core built at each step's rate, with the state carried (to
     AGREE_RTOL: two code paths). A change of another hyperparameter still builds a new core."""
-    from geoarray.torch import methods as gt_methods
-
     params, M = _mixed(torch, gt, device, name)
     cores = []
-    monkeypatch.setattr(gt_methods.ManifoldMuon, "_core_for", _counting(gt_methods.ManifoldMuon._core_for, cores))
+    monkeypatch.setattr(gt.Optimizer, "_make_core", _counting(gt.Optimizer._make_core, cores))
     opt = _optimizers(gt)[name](params)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
     manifolds = [M if isinstance(p, gt.ManifoldParameter) else None for p in params]
@@ -262,9 +260,9 @@ def _counting(method, calls):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_hyperparameters_said_to_be_in_no_state_are_in_none(torch, gt, device, name):
-    """The keys of ``_STATE_FREE`` (a change builds a new core and keeps the state with no fresh state to
-    compare it with): changing each to another valid value gives a fresh state of the same structure as
-    the optimizer's, the check that their shortcut skips."""
+    """The keys of a recipe's ``state_free`` (a change builds a new core and keeps the state with no fresh
+    state to compare it with): changing each to another valid value gives a fresh state of the same
+    structure as the optimizer's, the check that their shortcut skips."""
     import optree
 
     params, _ = _mixed(torch, gt, device, name)
@@ -272,9 +270,9 @@ def test_the_hyperparameters_said_to_be_in_no_state_are_in_none(torch, gt, devic
     _grads(torch, params, 0)
     opt.step()
     group, cohort = opt.param_groups[0], opt._cohorts[0][0]
-    if not opt._OWN_CORES:
+    if opt._recipe is None:
         pytest.skip(f"{name}: the shortcut is for geoarray.torch's own cores; a core given by the user is checked")
-    for key in type(opt)._STATE_FREE:
+    for key in opt._recipe.state_free:
         if key not in group:
             continue
         old = group[key]

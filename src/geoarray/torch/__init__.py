@@ -105,6 +105,7 @@ from .optim import (
     Optimizer,
     PaperAdam,
     RAdam,
+    Recipe,
     RMSprop,
 )
 from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
@@ -130,6 +131,7 @@ __all__ = [
     "PaperAdam",
     "RAdam",
     "RMSprop",
+    "Recipe",
     "adapters",
     "checkpoint",
     "fully_shard",

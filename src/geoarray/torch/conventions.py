@@ -50,8 +50,9 @@ migration guide, docs/migrating_from_geoopt_geotorch.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -60,9 +61,8 @@ from .. import optim as _optim
 from ..optim import torch_rules as _rules
 from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
-from .methods import MethodOptimizer
-from .param_groups import CORE_OPTIONS, core_options
-from .parameter import project_
+from .optimizer import Optimizer, Recipe
+from .param_groups import core_options, group_core_options, live, live_or_zero
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop"]
 
@@ -107,58 +107,64 @@ def _flag(group: dict, key: str, gi: Any) -> None:
         raise TypeError(f"param_groups[{gi}]['{key}'] must be a bool, got {group[key]!r}")
 
 
-class _TorchStyle(MethodOptimizer):
-    """Shared machinery: live hyperparameters (validated at every step), structural ones in the key."""
+#: read from the param group at every step (schedulers, momentum cycling): no new core when they change
+_LIVE = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
+#: zero or not: the shape of the chain (no decay, no momentum buffer, no δ), so two cores
+_ZERO_MATTERS = ("weight_decay", "momentum", "delta")
 
-    _LIVE: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "delta", "stabilize")
-    _ZERO_MATTERS: tuple[str, ...] = ("weight_decay", "momentum", "delta")  # zero or not: the shape of the chain
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """One step (:meth:`geoarray.torch.Optimizer.step`), then geoopt's ``stabilize``: every
-        ``stabilize`` steps of a group, its ManifoldParameters are projected to the nearest point."""
-        loss = super().step(closure)
-        counts = self.__dict__.setdefault("_stabilize_counts", {})
-        for gi, group in enumerate(self.param_groups):
-            every = group.get("stabilize")
-            if not every:
-                continue
-            counts[gi] = counts.get(gi, 0) + 1
-            if counts[gi] % every == 0:
-                project_(p for p in group["params"] if p.grad is not None)
-        return loss
+@dataclasses.dataclass(frozen=True)
+class _TorchChecks:
+    """A torch-convention recipe's ``check``: torch's implementation switches (``fused``, ``differentiable``,
+    ``foreach``; not while dynamo traces, which shows them otherwise), the method's own hyperparameters
+    (``live(group, gi)``) and ``stabilize``. A module-level class, so that the recipe pickles."""
 
-    def _check_live(self, group: dict, gi: Any) -> None:
-        raise NotImplementedError
+    live: Callable[[dict, Any], None]
 
-    def _hyper_key(self, group: dict) -> tuple:
-        gi = next((i for i, g in enumerate(self.param_groups) if g is group), "new")
+    def __call__(self, group: dict, gi: Any, name: str) -> None:
         if not torch.compiler.is_compiling():
             # capturable is not in the key (torch.compile shows it True while tracing): checked here
-            _check_flags(group, type(self).__name__)
-        self._check_live(group, gi)
+            _check_flags(group, name)
+        self.live(group, gi)
         every = group.get("stabilize")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"param_groups[{gi}]['stabilize'] must be None or a positive int, got {every!r}")
-        key = super()._hyper_key(group)
-        # ``if``, not bool(): dynamo answers an ``if`` on a symbolic number (SymFloat, see _number) with a guard
-        # and a plain bool, where bool() left a symbolic one in the key
-        return key + tuple((k, True if group[k] != 0 else False) for k in self._ZERO_MATTERS if k in group)
-
-    def _group_options(self, group: dict) -> dict:
-        opts = {k: group[k] for k in CORE_OPTIONS}
-        if group.get("foreach") is False:
-            opts["group_same_shape"] = False
-        return opts
-
-    def _value(self, group: dict, key: str, index: int | None = None) -> Any:
-        """The live reader of a hyperparameter, or the number 0 where it is zero (no decay, no buffer)."""
-        if index is None and bool(group[key] == 0):
-            return 0.0
-        return self._live(group, key, index)
 
 
-class Adam(_TorchStyle):
+def _adam_live(group: dict, gi: Any) -> None:
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"param_groups[{gi}]['betas'] must be a pair (beta1, beta2), got {betas!r}")
+    _number(group, "betas", gi, unit=True, index=0)
+    _number(group, "betas", gi, unit=True, index=1)
+    eps, delta = _number(group, "eps", gi), _number(group, "delta", gi)
+    _number(group, "weight_decay", gi)
+    if eps == 0 and delta == 0:
+        raise ValueError(f"param_groups[{gi}]: eps (outside the root) or delta (inside) must be > 0; both are 0")
+    for key in ("amsgrad", "maximize", "decoupled_weight_decay"):
+        _flag(group, key, gi)
+
+
+def _adam_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    adam = _rules.scale_by_torch_adam(
+        live(opt, group, "betas", 0),
+        live(opt, group, "betas", 1),
+        live(opt, group, "eps"),
+        delta=live_or_zero(opt, group, "delta"),
+        amsgrad=bool(group["amsgrad"]),
+        weight_decay=live_or_zero(opt, group, "weight_decay"),
+        decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
+    )
+    # scale(±1) in every chain, so that switching maximize keeps the state's structure
+    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
+    transform = _t.chain(sign, adam, _t.scale_by_learning_rate(live(opt, group)))
+    return _optim.riemannian(transform, **group_core_options(group))
+
+
+ADAM_RECIPE = Recipe(_adam_core, live=_LIVE, check=_TorchChecks(_adam_live), zero_matters=_ZERO_MATTERS)
+
+
+class Adam(Optimizer):
     """``torch.optim.Adam`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     θ ← θ − lr·m̂ₜ/(√v̂ₜ + ε) with torch's bias corrections, coupled weight decay (``weight_decay``),
@@ -169,8 +175,6 @@ class Adam(_TorchStyle):
     ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes`` are those of
     :class:`geoarray.optim.RiemannianOptimizer`.
     """
-
-    _DECOUPLED = False
 
     def __init__(
         self,
@@ -208,50 +212,18 @@ class Adam(_TorchStyle):
             "capturable": capturable,
             "differentiable": differentiable,
             "fused": fused,
-            "decoupled_weight_decay": decoupled_weight_decay or self._DECOUPLED,
+            "decoupled_weight_decay": decoupled_weight_decay,
             "delta": delta,
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"param_groups[{gi}]['betas'] must be a pair (beta1, beta2), got {betas!r}")
-        _number(group, "betas", gi, unit=True, index=0)
-        _number(group, "betas", gi, unit=True, index=1)
-        eps, delta = _number(group, "eps", gi), _number(group, "delta", gi)
-        _number(group, "weight_decay", gi)
-        if eps == 0 and delta == 0:
-            raise ValueError(f"param_groups[{gi}]: eps (outside the root) or delta (inside) must be > 0; both are 0")
-        for key in ("amsgrad", "maximize", "decoupled_weight_decay"):
-            _flag(group, key, gi)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, type(self).__name__)
-        self._check_live(group, "new")
-        adam = _rules.scale_by_torch_adam(
-            self._live(group, "betas", 0),
-            self._live(group, "betas", 1),
-            self._live(group, "eps"),
-            delta=self._value(group, "delta"),
-            amsgrad=bool(group["amsgrad"]),
-            weight_decay=self._value(group, "weight_decay"),
-            decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
-        )
-        # scale(±1) in every chain, so that switching maximize keeps the state's structure
-        sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
-        transform = _t.chain(sign, adam, _t.scale_by_learning_rate(self._lr(group)))
-        return _optim.riemannian(transform, **self._group_options(group))
+        super().__init__(params, ADAM_RECIPE, defaults, skip_together=skip_together)
 
 
 class AdamW(Adam):
     """``torch.optim.AdamW``: :class:`Adam` with decoupled weight decay θ ← θ(1 − lr·λ), λ = 1e-2 by
     default (Loshchilov & Hutter, *Decoupled weight decay regularization*). On a ManifoldParameter
     the decay is the lift of the gradient of ½‖Y‖² (zero on Stiefel and Grassmann)."""
-
-    _DECOUPLED = True
 
     def __init__(
         self,
@@ -285,7 +257,31 @@ class AdamW(Adam):
         )  # fmt: skip
 
 
-class SGD(_TorchStyle):
+def _sgd_live(group: dict, gi: Any) -> None:
+    momentum, dampening = _number(group, "momentum", gi), _number(group, "dampening", gi)
+    _number(group, "weight_decay", gi)
+    _flag(group, "nesterov", gi)
+    _flag(group, "maximize", gi)
+    if group["nesterov"] and (momentum <= 0 or dampening != 0):
+        raise ValueError(f"param_groups[{gi}]: nesterov momentum requires a momentum > 0 and zero dampening")
+
+
+def _sgd_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    sgd = _rules.scale_by_torch_sgd(
+        live_or_zero(opt, group, "momentum"),
+        live(opt, group, "dampening"),
+        bool(group["nesterov"]),
+        live_or_zero(opt, group, "weight_decay"),
+    )
+    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
+    transform = _t.chain(sign, sgd, _t.scale_by_learning_rate(live(opt, group)))
+    return _optim.riemannian(transform, **group_core_options(group))
+
+
+SGD_RECIPE = Recipe(_sgd_core, live=_LIVE, check=_TorchChecks(_sgd_live), zero_matters=_ZERO_MATTERS)
+
+
+class SGD(Optimizer):
     """``torch.optim.SGD`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     d = g + λθ; with momentum μ: b₁ = d, bₜ = μbₜ₋₁ + (1 − τ)d, and the step −lr·(d + μbₜ) (Nesterov)
@@ -329,28 +325,7 @@ class SGD(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        momentum, dampening = _number(group, "momentum", gi), _number(group, "dampening", gi)
-        _number(group, "weight_decay", gi)
-        _flag(group, "nesterov", gi)
-        _flag(group, "maximize", gi)
-        if group["nesterov"] and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"param_groups[{gi}]: nesterov momentum requires a momentum > 0 and zero dampening")
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "SGD")
-        self._check_live(group, "new")
-        sgd = _rules.scale_by_torch_sgd(
-            self._value(group, "momentum"),
-            self._live(group, "dampening"),
-            bool(group["nesterov"]),
-            self._value(group, "weight_decay"),
-        )
-        sign = _rules.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
-        transform = _t.chain(sign, sgd, _t.scale_by_learning_rate(self._lr(group)))
-        return _optim.riemannian(transform, **self._group_options(group))
+        super().__init__(params, SGD_RECIPE, defaults, skip_together=skip_together)
 
 
 # -- torch.optim's other adaptive methods: RMSprop, Adagrad, Adamax, NAdam, RAdam ------------------------------
@@ -370,15 +345,40 @@ def _check_eps(group: dict, gi: Any) -> None:
         raise ValueError(f"param_groups[{gi}]['eps'] must be > 0 (a zero gradient entry would divide 0 by 0), got 0")
 
 
-def _torch_chain(opt: _TorchStyle, group: dict, rule: _t.GradientTransformation) -> RiemannianOptimizer:
+def _torch_chain(opt: Any, group: dict, rule: _t.GradientTransformation) -> RiemannianOptimizer:
     """Algorithm 1 around torch's sign, rule and learning rate: scale(±1) in every chain, so that switching
     ``maximize`` keeps the state's structure."""
     sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
-    transform = _t.chain(sign, rule, _t.scale_by_learning_rate(opt._lr(group)))
-    return _optim.riemannian(transform, **opt._group_options(group))
+    transform = _t.chain(sign, rule, _t.scale_by_learning_rate(live(opt, group)))
+    return _optim.riemannian(transform, **group_core_options(group))
 
 
-class RMSprop(_TorchStyle):
+def _rmsprop_live(group: dict, gi: Any) -> None:
+    _number(group, "alpha", gi, unit=True)
+    _check_eps(group, gi)
+    _number(group, "weight_decay", gi)
+    _number(group, "momentum", gi)
+    for key in ("centered", "maximize"):
+        _flag(group, key, gi)
+
+
+def _rmsprop_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    rule = _rules.scale_by_torch_rmsprop(
+        live(opt, group, "alpha"),
+        live(opt, group, "eps"),
+        live_or_zero(opt, group, "weight_decay"),
+        live_or_zero(opt, group, "momentum"),
+        bool(group["centered"]),
+    )
+    return _torch_chain(opt, group, rule)
+
+
+RMSPROP_RECIPE = Recipe(
+    _rmsprop_core, live=(*_LIVE, "alpha"), check=_TorchChecks(_rmsprop_live), zero_matters=_ZERO_MATTERS
+)
+
+
+class RMSprop(Optimizer):
     """``torch.optim.RMSprop`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     vₜ = αvₜ₋₁ + (1 − α)g⊙g, the step −lr·g ⊘ (√vₜ + ε); ``centered`` subtracts the square of the running
@@ -392,8 +392,6 @@ class RMSprop(_TorchStyle):
     ``centered``, after the first step needs another state and is refused, as torch's RMSprop fails then.
     ``alpha`` lies in [0, 1) and ``eps`` must be > 0 (torch takes α > 1 and ε = 0, which give NaN).
     """
-
-    _LIVE = (*_TorchStyle._LIVE, "alpha")
 
     def __init__(
         self,
@@ -432,30 +430,40 @@ class RMSprop(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
+        super().__init__(params, RMSPROP_RECIPE, defaults, skip_together=skip_together)
 
-    def _check_live(self, group: dict, gi: Any) -> None:
-        _number(group, "alpha", gi, unit=True)
-        _check_eps(group, gi)
-        _number(group, "weight_decay", gi)
-        _number(group, "momentum", gi)
-        for key in ("centered", "maximize"):
-            _flag(group, key, gi)
 
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "RMSprop")
-        self._check_live(group, "new")
-        rule = _rules.scale_by_torch_rmsprop(
-            self._live(group, "alpha"),
-            self._live(group, "eps"),
-            self._value(group, "weight_decay"),
-            self._value(group, "momentum"),
-            bool(group["centered"]),
+def _adagrad_live(group: dict, gi: Any) -> None:
+    _number(group, "lr_decay", gi)
+    _number(group, "weight_decay", gi)
+    start = _number(group, "initial_accumulator_value", gi)
+    if _number(group, "eps", gi) == 0 and start == 0:
+        raise ValueError(
+            f"param_groups[{gi}]: eps and initial_accumulator_value are both 0, so a zero gradient entry would "
+            "divide 0 by 0; make one of them > 0"
         )
-        return _torch_chain(self, group, rule)
+    _flag(group, "maximize", gi)
 
 
-class Adagrad(_TorchStyle):
+def _adagrad_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    rule = _rules.scale_by_torch_adagrad(
+        live_or_zero(opt, group, "lr_decay"),
+        live_or_zero(opt, group, "weight_decay"),
+        _number(group, "initial_accumulator_value", "new"),
+        live(opt, group, "eps"),
+    )
+    return _torch_chain(opt, group, rule)
+
+
+ADAGRAD_RECIPE = Recipe(
+    _adagrad_core,
+    live=(*_LIVE, "lr_decay"),
+    check=_TorchChecks(_adagrad_live),
+    zero_matters=(*_ZERO_MATTERS, "lr_decay"),  # zero: no pass that divides by 1 + (t − 1)·0
+)
+
+
+class Adagrad(Optimizer):
     """``torch.optim.Adagrad`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     sₜ = sₜ₋₁ + g⊙g from s₀ = ``initial_accumulator_value``, the step −clr·g ⊘ (√sₜ + ε) with
@@ -467,9 +475,6 @@ class Adagrad(_TorchStyle):
     torch's Adagrad has no ``capturable`` argument: a param group may set it. ``fused=True`` is refused
     (module docstring); ``eps`` may be 0 only with a positive ``initial_accumulator_value``.
     """
-
-    _LIVE = (*_TorchStyle._LIVE, "lr_decay")
-    _ZERO_MATTERS = (*_TorchStyle._ZERO_MATTERS, "lr_decay")  # zero: no pass that divides by 1 + (t − 1)·0
 
     def __init__(
         self,
@@ -506,32 +511,30 @@ class Adagrad(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        _number(group, "lr_decay", gi)
-        _number(group, "weight_decay", gi)
-        start = _number(group, "initial_accumulator_value", gi)
-        if _number(group, "eps", gi) == 0 and start == 0:
-            raise ValueError(
-                f"param_groups[{gi}]: eps and initial_accumulator_value are both 0, so a zero gradient entry would "
-                "divide 0 by 0; make one of them > 0"
-            )
-        _flag(group, "maximize", gi)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "Adagrad")
-        self._check_live(group, "new")
-        rule = _rules.scale_by_torch_adagrad(
-            self._value(group, "lr_decay"),
-            self._value(group, "weight_decay"),
-            _number(group, "initial_accumulator_value", "new"),
-            self._live(group, "eps"),
-        )
-        return _torch_chain(self, group, rule)
+        super().__init__(params, ADAGRAD_RECIPE, defaults, skip_together=skip_together)
 
 
-class Adamax(_TorchStyle):
+def _adamax_live(group: dict, gi: Any) -> None:
+    _check_betas(group, gi)
+    _check_eps(group, gi)
+    _number(group, "weight_decay", gi)
+    _flag(group, "maximize", gi)
+
+
+def _adamax_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    rule = _rules.scale_by_torch_adamax(
+        live(opt, group, "betas", 0),
+        live(opt, group, "betas", 1),
+        live(opt, group, "eps"),
+        live_or_zero(opt, group, "weight_decay"),
+    )
+    return _torch_chain(opt, group, rule)
+
+
+ADAMAX_RECIPE = Recipe(_adamax_core, live=_LIVE, check=_TorchChecks(_adamax_live), zero_matters=_ZERO_MATTERS)
+
+
+class Adamax(Optimizer):
     """``torch.optim.Adamax`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     mₜ = β₁mₜ₋₁ + (1 − β₁)g, uₜ = max(β₂uₜ₋₁, abs(g) + ε), the step −lr·(mₜ/(1 − β₁ᵗ)) ⊘ uₜ; coupled
@@ -574,27 +577,36 @@ class Adamax(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        _check_betas(group, gi)
-        _check_eps(group, gi)
-        _number(group, "weight_decay", gi)
-        _flag(group, "maximize", gi)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "Adamax")
-        self._check_live(group, "new")
-        rule = _rules.scale_by_torch_adamax(
-            self._live(group, "betas", 0),
-            self._live(group, "betas", 1),
-            self._live(group, "eps"),
-            self._value(group, "weight_decay"),
-        )
-        return _torch_chain(self, group, rule)
+        super().__init__(params, ADAMAX_RECIPE, defaults, skip_together=skip_together)
 
 
-class NAdam(_TorchStyle):
+def _nadam_live(group: dict, gi: Any) -> None:
+    _check_betas(group, gi)
+    _check_eps(group, gi)
+    _number(group, "weight_decay", gi)
+    _number(group, "momentum_decay", gi)
+    for key in ("maximize", "decoupled_weight_decay"):
+        _flag(group, key, gi)
+
+
+def _nadam_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    rule = _rules.scale_by_torch_nadam(
+        live(opt, group, "betas", 0),
+        live(opt, group, "betas", 1),
+        live(opt, group, "eps"),
+        live_or_zero(opt, group, "weight_decay"),
+        live(opt, group, "momentum_decay"),
+        bool(group["decoupled_weight_decay"]),
+    )
+    return _torch_chain(opt, group, rule)
+
+
+NADAM_RECIPE = Recipe(
+    _nadam_core, live=(*_LIVE, "momentum_decay"), check=_TorchChecks(_nadam_live), zero_matters=_ZERO_MATTERS
+)
+
+
+class NAdam(Optimizer):
     """``torch.optim.NAdam`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     Adam's moments with Nesterov's look-ahead: μₜ = β₁(1 − ½·0.96^(t·ψ)) (ψ = ``momentum_decay``), and the
@@ -611,8 +623,6 @@ class NAdam(_TorchStyle):
     from torch.optim.NAdam's by about 1e-9 (measured 9.9e-10 over 8 and 100 steps at lr 0.05), not 1e-12.
     ``eps`` must be > 0.
     """
-
-    _LIVE = (*_TorchStyle._LIVE, "momentum_decay")
 
     def __init__(
         self,
@@ -651,31 +661,32 @@ class NAdam(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        _check_betas(group, gi)
-        _check_eps(group, gi)
-        _number(group, "weight_decay", gi)
-        _number(group, "momentum_decay", gi)
-        for key in ("maximize", "decoupled_weight_decay"):
-            _flag(group, key, gi)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "NAdam")
-        self._check_live(group, "new")
-        rule = _rules.scale_by_torch_nadam(
-            self._live(group, "betas", 0),
-            self._live(group, "betas", 1),
-            self._live(group, "eps"),
-            self._value(group, "weight_decay"),
-            self._live(group, "momentum_decay"),
-            bool(group["decoupled_weight_decay"]),
-        )
-        return _torch_chain(self, group, rule)
+        super().__init__(params, NADAM_RECIPE, defaults, skip_together=skip_together)
 
 
-class RAdam(_TorchStyle):
+def _radam_live(group: dict, gi: Any) -> None:
+    _check_betas(group, gi)
+    _check_eps(group, gi)
+    _number(group, "weight_decay", gi)
+    for key in ("maximize", "decoupled_weight_decay"):
+        _flag(group, key, gi)
+
+
+def _radam_core(opt: Any, group: dict) -> RiemannianOptimizer:
+    rule = _rules.scale_by_torch_radam(
+        live(opt, group, "betas", 0),
+        live(opt, group, "betas", 1),
+        live(opt, group, "eps"),
+        live_or_zero(opt, group, "weight_decay"),
+        bool(group["decoupled_weight_decay"]),
+    )
+    return _torch_chain(opt, group, rule)
+
+
+RADAM_RECIPE = Recipe(_radam_core, live=_LIVE, check=_TorchChecks(_radam_live), zero_matters=_ZERO_MATTERS)
+
+
+class RAdam(Optimizer):
     """``torch.optim.RAdam`` (same signature, defaults and update) on plain tensors and ManifoldParameters.
 
     Adam's moments with the variance rectification of Liu et al. (*On the variance of the adaptive learning
@@ -723,23 +734,4 @@ class RAdam(_TorchStyle):
             "stabilize": stabilize,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together)
-
-    def _check_live(self, group: dict, gi: Any) -> None:
-        _check_betas(group, gi)
-        _check_eps(group, gi)
-        _number(group, "weight_decay", gi)
-        for key in ("maximize", "decoupled_weight_decay"):
-            _flag(group, key, gi)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        _check_flags(group, "RAdam")
-        self._check_live(group, "new")
-        rule = _rules.scale_by_torch_radam(
-            self._live(group, "betas", 0),
-            self._live(group, "betas", 1),
-            self._live(group, "eps"),
-            self._value(group, "weight_decay"),
-            bool(group["decoupled_weight_decay"]),
-        )
-        return _torch_chain(self, group, rule)
+        super().__init__(params, RADAM_RECIPE, defaults, skip_together=skip_together)

@@ -1,12 +1,14 @@
 """geoarray.torch's convenience optimizers on the paper's methods: ``Gradient``, ``Momentum``,
 ``PaperAdam``, ``AdamWithDecay`` (Brantner, *Generalizing Adam to Manifolds for Efficiently Training
-Transformers*, eqs. 5–8) and ``ManifoldMuon``/``Muon``, as ``torch.optim.Optimizer`` subclasses of
-:class:`geoarray.torch.Optimizer` whose cores are built from each param group's hyperparameters.
-torch's own conventions (``Adam``, ``AdamW``, ``SGD``) are in :mod:`geoarray.torch.conventions`.
+Transformers*, eqs. 5–8) and ``ManifoldMuon``/``Muon``: constructors of :class:`geoarray.torch.Optimizer`
+that turn their arguments into a param group's defaults and hand it a :class:`~geoarray.torch.Recipe`,
+the function that builds a group's core from its hyperparameters. torch's own conventions (``Adam``,
+``AdamW``, ``SGD``, …) are in :mod:`geoarray.torch.conventions`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 from typing import Any
@@ -15,51 +17,57 @@ import torch
 
 from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
-from .cohorts import Core
-from .optimizer import Optimizer
-from .param_groups import BOOKKEEPING, CORE_OPTIONS, LiveHyperparameter, core_options, scaled
+from .optimizer import Optimizer, Recipe
+from .param_groups import BOOKKEEPING, LiveHyperparameter, core_options, group_core_options, live, scaled
 
 __all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]
 
 
-class MethodOptimizer(Optimizer):
-    """A convenience optimizer: the core is built from the group's hyperparameters by ``_core``.
-
-    The keys in ``_LIVE`` are read from the group at every step (no new core when a scheduler changes
-    them); a change of any other key builds a new core that keeps the state."""
-
-    _OWN_CORES = True
-    _LIVE: tuple[str, ...] = ("lr",)
-    #: never None here: a MethodOptimizer always has defaults (lr at least), so it knows its groups' keys
-    _known: frozenset
-
-    def __init__(self, params: Iterable[Any], defaults: dict, *, skip_together: bool = False, capturable: bool = False):
-        super().__init__(params, self._core_for, defaults, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> Core:
-        raise NotImplementedError
-
-    def _live_keys(self) -> tuple[str, ...]:
-        return self._LIVE
-
-    def _live(self, group: dict, key: str = "lr", index: int | None = None) -> Any:
-        """``group[key]`` (or ``group[key][index]``) as a function read at every step; while a group is
-        being added it has no index yet, and its constant value builds the probe core."""
-        for gi, g in enumerate(self.param_groups):
-            if g is group:
-                return LiveHyperparameter(self, gi, key, index)
-        value = group[key] if index is None else group[key][index]
-        return value.item() if isinstance(value, torch.Tensor) else float(value)
-
-    def _lr(self, group: dict) -> Any:
-        return self._live(group, "lr")
-
-    @staticmethod
-    def _opts(group: dict) -> dict:
-        return {k: group[k] for k in CORE_OPTIONS}
+def _gradient(opt: Any, group: dict) -> RiemannianOptimizer:
+    return _optim.Gradient(live(opt, group), **group_core_options(group))
 
 
-class Gradient(MethodOptimizer):
+def _momentum(opt: Any, group: dict) -> RiemannianOptimizer:
+    return _optim.Momentum(live(opt, group), group["alpha"], **group_core_options(group))
+
+
+def _paper_adam(opt: Any, group: dict) -> RiemannianOptimizer:
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    return _optim.Adam(
+        live(opt, group), betas[0], betas[1], group["delta"], eps=group["eps"], **group_core_options(group)
+    )
+
+
+def _adam_with_decay(opt: Any, group: dict) -> RiemannianOptimizer:
+    b1, b2 = group["betas"]
+    core = _optim.AdamWithDecay(
+        group["n_steps"],
+        group["lr_start"],
+        group["lr_end"],
+        b1,
+        b2,
+        group["delta"],
+        n_epochs=group["n_epochs"],
+        steps_per_epoch=group["steps_per_epoch"],
+        **group_core_options(group),
+    )
+    factor = live(opt, group)
+    if callable(factor):
+        factor.reference = float(group["lr_start"])
+        core.transform = scaled(core.transform, factor)
+    return core
+
+
+GRADIENT_RECIPE = Recipe(_gradient)
+MOMENTUM_RECIPE = Recipe(_momentum)
+# Adam's state is (count, mu, nu) whatever betas, delta and eps are
+PAPER_ADAM_RECIPE = Recipe(_paper_adam, state_free=("lr", "betas", "delta", "eps", "chunk_bytes"))
+ADAM_WITH_DECAY_RECIPE = Recipe(_adam_with_decay)
+
+
+class Gradient(Optimizer):
     """Riemannian gradient descent, W = −η B (:class:`geoarray.optim.Gradient`), as a ``torch.optim.Optimizer``.
 
     Options ``section``, ``retraction``, ``on_nonfinite``, ``group_same_shape``, ``seed``, ``chunk_bytes`` are those of
@@ -81,13 +89,10 @@ class Gradient(MethodOptimizer):
         capturable: bool = False,
     ):
         defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes)}
-        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        return _optim.Gradient(self._lr(group), **self._opts(group))
+        super().__init__(params, GRADIENT_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
-class Momentum(MethodOptimizer):
+class Momentum(Optimizer):
     """Momentum, B_cache ← α B_cache + B, W = −η B_cache (eq. 8; :class:`geoarray.optim.Momentum`)."""
 
     def __init__(
@@ -110,13 +115,10 @@ class Momentum(MethodOptimizer):
             "alpha": alpha,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        return _optim.Momentum(self._lr(group), group["alpha"], **self._opts(group))
+        super().__init__(params, MOMENTUM_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
-class PaperAdam(MethodOptimizer):
+class PaperAdam(Optimizer):
     """Adam on g^hor exactly as Brantner's paper writes it (eqs. 5–6; :class:`geoarray.optim.Adam`)
     as a ``torch.optim.Optimizer``: the paper's variant of :class:`geoarray.torch.Adam`.
 
@@ -128,8 +130,6 @@ class PaperAdam(MethodOptimizer):
     ``Adam(params, lr)`` unchanged. Changing ``betas``/``delta``/``eps`` in a group builds a new core
     (:class:`geoarray.torch.Adam` reads them at every step), which keeps the moments.
     """
-
-    _STATE_FREE = ("lr", "betas", "delta", "eps", "chunk_bytes")  # Adam's state is (count, mu, nu) whatever they are
 
     def __init__(
         self,
@@ -150,25 +150,19 @@ class PaperAdam(MethodOptimizer):
     ):
         defaults = {
             "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _paper_adam
             "delta": delta,
             "eps": eps,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        return _optim.Adam(self._lr(group), betas[0], betas[1], group["delta"], eps=group["eps"], **self._opts(group))
+        super().__init__(params, PAPER_ADAM_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
 #: the name of the paper's variant before ``geoarray.torch.Adam`` took torch's conventions
 BrantnerAdam = PaperAdam
 
 
-class AdamWithDecay(MethodOptimizer):
+class AdamWithDecay(Optimizer):
     """Adam with a learning rate decaying geometrically from ``lr_start`` to ``lr_end``
     (:class:`geoarray.optim.AdamWithDecay`): give ``n_steps``, or ``n_epochs`` with ``steps_per_epoch``.
 
@@ -202,35 +196,52 @@ class AdamWithDecay(MethodOptimizer):
             "n_steps": n_steps,
             "lr_start": lr_start,
             "lr_end": lr_end,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _core_for
+            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by the core
             "delta": delta,
             "n_epochs": n_epochs,
             "steps_per_epoch": steps_per_epoch,
             **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
         }
-        super().__init__(params, defaults, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> RiemannianOptimizer:
-        b1, b2 = group["betas"]
-        core = _optim.AdamWithDecay(
-            group["n_steps"],
-            group["lr_start"],
-            group["lr_end"],
-            b1,
-            b2,
-            group["delta"],
-            n_epochs=group["n_epochs"],
-            steps_per_epoch=group["steps_per_epoch"],
-            **self._opts(group),
-        )
-        factor = self._live(group, "lr")
-        if callable(factor):
-            factor.reference = float(group["lr_start"])
-            core.transform = scaled(core.transform, factor)
-        return core
+        super().__init__(params, ADAM_WITH_DECAY_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
-class ManifoldMuon(MethodOptimizer):
+def _muon_defaults(core: type[_optim.ManifoldMuon], lr: Any, kwargs: dict, name: str) -> dict:
+    """The param group's defaults of a Muon optimizer: every keyword of the core's constructor, with its
+    default; an unknown keyword is a ``TypeError`` and a bad value fails here, with the core's message (a
+    tensor lr, read on the device at every step, is checked by its value once)."""
+    import inspect
+
+    signature = inspect.signature(core)  # the constructor's, without self
+    defaults = {
+        key: par.default
+        for key, par in signature.parameters.items()
+        if key != "lr" and par.default is not inspect.Parameter.empty
+    }
+    unknown = sorted(set(kwargs) - set(defaults))
+    if unknown:
+        raise TypeError(f"{name} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}")
+    core(lr.item() if isinstance(lr, torch.Tensor) else lr, **kwargs)
+    return {"lr": lr, **defaults, **kwargs}
+
+
+@dataclasses.dataclass(frozen=True)
+class _MuonCore:
+    """The ``build`` of a Muon recipe: the core class, built from the group's keys (a module-level class, so that
+    the recipe pickles and a copy's recipe equals the original's)."""
+
+    core: type[_optim.ManifoldMuon]
+
+    def __call__(self, opt: Any, group: dict) -> _optim.ManifoldMuon:
+        skip = BOOKKEEPING | {"lr", "capturable"}
+        kwargs = {k: v for k, v in group.items() if k not in skip and k in opt._known}
+        return self.core(_Rate.of(opt, group), **kwargs)
+
+
+MANIFOLD_MUON_RECIPE = Recipe(_MuonCore(_optim.ManifoldMuon))
+MUON_RECIPE = Recipe(_MuonCore(_optim.Muon))
+
+
+class ManifoldMuon(Optimizer):
     """:class:`geoarray.optim.ManifoldMuon` as a ``torch.optim.Optimizer``: manifold Muon on
     ManifoldParameters (Stiefel, Grassmann), Muon on plain matrix tensors; the core's arguments.
 
@@ -243,9 +254,6 @@ class ManifoldMuon(MethodOptimizer):
     Vectors and scalars are refused with a pointer to a second optimizer: give them ``geoarray.torch.Adam``.
     """
 
-    _LIVE = ("lr",)
-    _CORE: type[_optim.ManifoldMuon] = _optim.ManifoldMuon
-
     def __init__(
         self,
         params: Iterable[Any],
@@ -255,31 +263,8 @@ class ManifoldMuon(MethodOptimizer):
         capturable: bool = False,
         **kwargs: Any,
     ):
-        import inspect
-
-        signature = inspect.signature(self._CORE.__init__)
-        defaults = {
-            name: par.default
-            for name, par in signature.parameters.items()
-            if name not in ("self", "lr") and par.default is not inspect.Parameter.empty
-        }
-        unknown = sorted(set(kwargs) - set(defaults))
-        if unknown:
-            raise TypeError(
-                f"{type(self).__name__} got unexpected keyword arguments {unknown}; it takes {sorted(defaults)}"
-            )
-        # bad values fail here, with the core's message (a tensor lr, read on the device at every step, is
-        # checked by its value once)
-        self._CORE(lr.item() if isinstance(lr, torch.Tensor) else lr, **kwargs)
-        super().__init__(params, {"lr": lr, **defaults, **kwargs}, skip_together=skip_together, capturable=capturable)
-
-    def _core_for(self, group: dict) -> _optim.ManifoldMuon:
-        kwargs = {
-            k: v
-            for k, v in group.items()
-            if k not in BOOKKEEPING and k not in ("lr", "capturable") and k in self._known
-        }
-        return self._CORE(_Rate.of(self, group), **kwargs)
+        defaults = _muon_defaults(_optim.ManifoldMuon, lr, kwargs, type(self).__name__)
+        super().__init__(params, MANIFOLD_MUON_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
 class _Rate(LiveHyperparameter):
@@ -300,12 +285,12 @@ class _Rate(LiveHyperparameter):
 
     @classmethod
     def of(cls, optimizer: Any, group: dict) -> Any:
-        live = optimizer._lr(group)
-        if not isinstance(live, LiveHyperparameter):
-            return live  # the probe core of a group being added: its constant rate
-        value = live()
+        rate = live(optimizer, group)
+        if not isinstance(rate, LiveHyperparameter):
+            return rate  # the probe core of a group being added: its constant rate
+        value = rate()
         built = value.item() if isinstance(value, torch.Tensor) else float(value)
-        return cls(optimizer, live._group_index, built, group["params"])
+        return cls(optimizer, rate._group_index, built, group["params"])
 
     def __call__(self, t: Any = None) -> Any:
         value = super().__call__(t)
@@ -316,11 +301,19 @@ class _Rate(LiveHyperparameter):
         return value * torch.ones((), dtype=self.dtype, device=self.device)
 
 
-class Muon(ManifoldMuon):
+class Muon(Optimizer):
     """:class:`geoarray.optim.Muon` — ``torch.optim.Muon``'s algorithm through the array-API core — as a
-    ``torch.optim.Optimizer``, for plain matrix tensors (see :class:`ManifoldMuon` for the limits)."""
+    ``torch.optim.Optimizer``, for plain matrix tensors (see :class:`ManifoldMuon`: the same keywords, those
+    of the core, as param-group hyperparameters; ``lr`` read at every step)."""
 
-    _CORE = _optim.Muon
-
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, *, skip_together: bool = False, **kwargs: Any):
-        super().__init__(params, lr, skip_together=skip_together, **kwargs)
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        *,
+        skip_together: bool = False,
+        capturable: bool = False,
+        **kwargs: Any,
+    ):
+        defaults = _muon_defaults(_optim.Muon, lr, kwargs, type(self).__name__)
+        super().__init__(params, MUON_RECIPE, defaults, skip_together=skip_together, capturable=capturable)

@@ -1,7 +1,8 @@
 """Every geoarray.torch optimizer in one module, as ``torch.optim`` holds torch's.
 
-The classes live where their kind is written: the base class :class:`~geoarray.torch.Optimizer` (param
-groups, ``state_dict``, the step around the array-API core) in :mod:`geoarray.torch.optimizer`; torch's
+The classes live where their kind is written: the one ``torch.optim.Optimizer`` subclass,
+:class:`~geoarray.torch.Optimizer` (param groups, ``state_dict``, the step around the array-API core), and
+:class:`~geoarray.torch.Recipe`, the data a named optimizer hands it, in :mod:`geoarray.torch.optimizer`; torch's
 conventions (:class:`Adam`, :class:`AdamW`, :class:`SGD`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`,
 :class:`NAdam`, :class:`RAdam`) in :mod:`geoarray.torch.conventions`; the
 paper's methods and manifold Muon in :mod:`geoarray.torch.methods`. This module only gathers them, so
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from .conventions import SGD, Adagrad, Adam, Adamax, AdamW, NAdam, RAdam, RMSprop
 from .methods import AdamWithDecay, BrantnerAdam, Gradient, ManifoldMuon, Momentum, Muon, PaperAdam
-from .optimizer import Optimizer
+from .optimizer import Optimizer, Recipe
 
 __all__ = [
     "SGD",
@@ -31,4 +32,5 @@ __all__ = [
     "PaperAdam",
     "RAdam",
     "RMSprop",
+    "Recipe",
 ]

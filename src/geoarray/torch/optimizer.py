@@ -1,6 +1,10 @@
-"""The base class of the geoarray.torch optimizers: a ``torch.optim.Optimizer`` driven by geoarray's
-array-API optimizer core (its subclasses: :mod:`geoarray.torch.conventions`, :mod:`geoarray.torch.methods`;
-all gathered in :mod:`geoarray.torch.optim`).
+"""The one ``torch.optim.Optimizer`` of geoarray.torch, driven by geoarray's array-API optimizer core.
+
+The named optimizers (:mod:`geoarray.torch.conventions`: ``Adam``, ``SGD``, …; :mod:`geoarray.torch.methods`:
+``PaperAdam``, ``ManifoldMuon``, …; all gathered in :mod:`geoarray.torch.optim`) are thin constructors: each
+turns its arguments into a param group's defaults and hands :class:`Optimizer` a :class:`Recipe`, the data
+that says how a group's core is built from its hyperparameters, which of them are read at every step and
+how they are checked. No subclass overrides a step, a hook or a flag.
 
     model = geoarray.torch.nn.StiefelLayer(10, 3)          # its weight is a ManifoldParameter
     opt = geoarray.torch.Adam(model.parameters(), lr=1e-2)
@@ -22,8 +26,8 @@ What it does as a ``torch.optim.Optimizer``:
   :class:`SGD` also read ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``dampening`` at every
   step: OneCycleLR's momentum cycling builds nothing new); changing another hyperparameter rebuilds
   the group's core and keeps its state (which must keep its structure: checked on a fresh state, except
-  for the keys ``_STATE_FREE`` names, a scheduler's ``lr`` among them); a key the optimizer does not know
-  is refused.
+  for the keys a recipe's ``state_free`` names, a scheduler's ``lr`` among them); a key the optimizer does
+  not know is refused.
 * **in place**: the step runs under ``torch.no_grad()`` and writes the new values into each
   parameter's storage (``copy_``), so parameters stay leaves without ``grad_fn`` and the next
   ``backward()`` works.
@@ -68,8 +72,9 @@ Distributed use is described in :mod:`geoarray.torch`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import optree
 import torch
@@ -110,10 +115,10 @@ from .param_groups import (
     core_lr,
     scaled,
 )
-from .parameter import _tolerance, check_manifold_tensor, manifold_of
+from .parameter import _tolerance, check_manifold_tensor, manifold_of, project_
 from .state_view import StateView
 
-__all__ = ["Optimizer"]
+__all__ = ["Optimizer", "Recipe"]
 
 #: how far from its manifold a restored weight may be at its first step: this multiple of is_point's
 #: tolerance, at most the second (Optimizer._check_restored)
@@ -153,11 +158,41 @@ def _differ_only_in(a: tuple, b: tuple, names: tuple[str, ...]) -> bool:
     return len(a) == len(b) and all(x == y or (x[0] == y[0] and x[0] in names) for x, y in zip(a, b, strict=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a named optimizer builds the core of a param group (its constructor hands it to
+    :class:`Optimizer` as ``core``): data, where subclasses used to override hooks.
+
+    * ``build(optimizer, group) -> core``: a :class:`geoarray.optim.RiemannianOptimizer` (or ManifoldMuon,
+      a partition) for the group's hyperparameters; the keys in ``live`` it reads through
+      :func:`geoarray.torch.param_groups.live`, which reads them from the group at every step;
+    * ``live``: the keys read at every step (a change builds no new core: LR schedulers, momentum cycling);
+    * ``state_free``: keys whose change builds a new core that keeps the state without building a fresh
+      state to compare its structure with (tests/test_torch_schedulers.py checks that each is in no state);
+      a change of any other key is checked on a fresh state;
+    * ``check(group, gi, name)``: validates the group's hyperparameters, before a core is built and at every
+      step (the live ones change between steps); ``gi`` is the group's index (``"new"`` while it is added),
+      ``name`` the optimizer's class name for the messages;
+    * ``zero_matters``: keys whose being zero or not changes the core's chain (no decay, no momentum buffer):
+      zero and non-zero are two cores, while the non-zero value is read live.
+
+    Every function must be a module-level function (or an instance of a module-level class): the recipe is
+    pickled with the optimizer (``copy.deepcopy``, ``torch.save(opt)``).
+    """
+
+    build: Callable[[Any, dict], Core]
+    live: tuple[str, ...] = ("lr",)
+    state_free: tuple[str, ...] = ("lr", "chunk_bytes")
+    check: Callable[[dict, Any, str], None] | None = None
+    zero_matters: tuple[str, ...] = ()
+
+
 class Optimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` around a geoarray optimizer core (see the module docstring).
 
     ``core`` is one of
 
+    * a :class:`Recipe` (what geoarray.torch's named optimizers pass: ``Adam``, ``SGD``, ``ManifoldMuon``, …);
     * a :class:`geoarray.optim.RiemannianOptimizer` (e.g. ``geoarray.optim.Adam(lr=1e-3)`` or
       ``geoarray.optim.riemannian(chain(clip_by_global_norm(1.0), scale_by_adam(), ...))``): every
       param group gets its own copy;
@@ -204,27 +239,18 @@ class Optimizer(torch.optim.Optimizer):
     :class:`ManifoldMuon`/:class:`Muon` of this module, or a factory).
     """
 
-    #: True for the convenience optimizers (``Adam``, ``Gradient``, …), which build their cores from
-    #: the group's hyperparameters themselves (:mod:`geoarray.torch.methods`)
-    _OWN_CORES = False
-    #: the hyperparameters of a group whose change builds a new core without a fresh state (its own cores'
-    #: arguments that enter no state's structure; tests/test_torch_schedulers.py checks each): a change of
-    #: any other builds a fresh state on random points to check that the structure stays
-    _STATE_FREE: tuple[str, ...] = ("lr", "chunk_bytes")
-    #: ``_factory(group)``: the core for a group's hyperparameters (set by __init__ and __setstate__;
-    #: ``...``: the lambdas of __init__ bind their other arguments as defaults)
+    #: the named optimizer's recipe, or None for a core given by the user (then ``_factory`` builds it)
+    _recipe: Recipe | None
+    #: ``_factory(group)``: the core for a group's hyperparameters, for a core given by the user (set by
+    #: __init__ and __setstate__; ``...``: the lambdas of __init__ bind their other arguments as defaults)
     _factory: Callable[..., Core]
     #: torch.optim.Optimizer's (declared here too for type checkers that run without torch)
     param_groups: list[dict[str, Any]]
 
-    if TYPE_CHECKING:
-        # the convenience optimizers' factory (``_OWN_CORES``), defined by geoarray.torch.methods
-        def _core_for(self, group: dict) -> Core: ...
-
     def __init__(
         self,
         params: Iterable[Any],
-        core: Core | GradientTransformation | Callable[[dict], Core],
+        core: Recipe | Core | GradientTransformation | Callable[[dict], Core],
         defaults: dict | None = None,
         *,
         skip_together: bool = False,
@@ -236,7 +262,10 @@ class Optimizer(torch.optim.Optimizer):
         self._known: frozenset | None = frozenset(defaults) | {"lr"}
         self._lr_reference: float | None = None  # None: the group's lr when the core was built
         self._lr_rebuilds = False  # True: lr changes rebuild the core (it cannot be scaled)
-        if isinstance(core, _optim.OPTIMIZER_TYPES):
+        self._recipe = core if isinstance(core, Recipe) else None
+        if self._recipe is not None:
+            pass  # _make_core builds each group's core by the recipe
+        elif isinstance(core, _optim.OPTIMIZER_TYPES):
             self._lr_reference = core_lr(core) or 1.0
             self._factory = lambda group, proto=core: self._copy_core(proto, group)
         elif callable(getattr(core, "init", None)) and callable(getattr(core, "update", None)):
@@ -249,12 +278,12 @@ class Optimizer(torch.optim.Optimizer):
             self._factory = core
             if not defaults:
                 self._known = None
-        elif not self._OWN_CORES:
+        else:
             raise TypeError(
                 "core must be a geoarray.optim.RiemannianOptimizer, a gradient transformation or a callable "
                 f"group -> RiemannianOptimizer, got {type(core).__name__}"
             )
-        if not self._OWN_CORES:
+        if self._recipe is None:
             defaults.setdefault("lr", self._lr_reference or 1.0)
         defaults["skip_together"] = skip_together
         self._cohorts: list[list[Cohort]] = []
@@ -292,10 +321,16 @@ class Optimizer(torch.optim.Optimizer):
     # -- groups ------------------------------------------------------------------------------------
 
     def _make_core(self, group: dict, group_index: int) -> Core:
-        core = self._factory(group)
+        recipe = self._recipe
+        if recipe is not None:
+            if recipe.check is not None:
+                recipe.check(group, "new", type(self).__name__)
+            core = recipe.build(self, group)
+        else:
+            core = self._factory(group)
         if not isinstance(core, _optim.OPTIMIZER_TYPES):
             raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
-        if self._OWN_CORES:
+        if recipe is not None:
             return core
         if type(core).update is not RiemannianOptimizer.update:
             self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
@@ -314,11 +349,25 @@ class Optimizer(torch.optim.Optimizer):
 
     def _live_keys(self) -> tuple[str, ...]:
         """Hyperparameters read at every step (their changes need no new core)."""
+        if self._recipe is not None:
+            return self._recipe.live
         return () if self._lr_rebuilds else ("lr",)
 
     def _hyper_key(self, group: dict) -> tuple:
+        """What identifies the group's core: its hyperparameters but the live ones (checked here, at every
+        step, by the recipe: a scheduler or the user may have changed them)."""
+        recipe = self._recipe
+        if recipe is not None and recipe.check is not None:
+            recipe.check(
+                group, next((i for i, g in enumerate(self.param_groups) if g is group), "new"), type(self).__name__
+            )
         live = self._live_keys()
-        return tuple((k, _key_value(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
+        key = tuple((k, _key_value(group[k])) for k in sorted(group) if k not in NOT_IN_KEY and k not in live)
+        if recipe is None or not recipe.zero_matters:
+            return key
+        # ``if``, not bool(): dynamo answers an ``if`` on a symbolic number (a SymFloat) with a guard and a
+        # plain bool, where bool() left a symbolic one in the key
+        return key + tuple((k, True if group[k] != 0 else False) for k in recipe.zero_matters if k in group)
 
     def _check_group_keys(self, group: dict, gi: int) -> None:
         if self._known is None:
@@ -493,18 +542,30 @@ class Optimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        """One update of every parameter that has a gradient; returns ``closure()`` if given. Then geoopt's
+        ``stabilize`` where a group sets it: every ``stabilize`` steps of that group, its ManifoldParameters
+        are projected to the nearest point (:func:`geoarray.torch.project_`)."""
         grad_scale, found_inf = scaler_flags(self)
         if grad_scale is None and found_inf is None:
-            return self._step(closure, None, None)
-        try:
-            return self._step(closure, grad_scale, found_inf)
-        except BaseException:
-            # GradScaler deletes the two after a step that returned: a step that raised would leave them
-            # to scale the next step taken without the scaler
-            self.__dict__.pop("grad_scale", None)
-            self.__dict__.pop("found_inf", None)
-            raise
+            loss = self._step(closure, None, None)
+        else:
+            try:
+                loss = self._step(closure, grad_scale, found_inf)
+            except BaseException:
+                # GradScaler deletes the two after a step that returned: a step that raised would leave them
+                # to scale the next step taken without the scaler
+                self.__dict__.pop("grad_scale", None)
+                self.__dict__.pop("found_inf", None)
+                raise
+        for gi, group in enumerate(self.param_groups):
+            every = group.get("stabilize")
+            if not every:
+                continue
+            counts = self.__dict__.setdefault("_stabilize_counts", {})
+            counts[gi] = counts.get(gi, 0) + 1
+            if counts[gi] % every == 0:
+                project_(p for p in group["params"] if p.grad is not None)
+        return loss
 
     def _step(
         self, closure: Callable[[], Any] | None, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None
@@ -571,7 +632,7 @@ class Optimizer(torch.optim.Optimizer):
             # in place, as torch.optim steps, where nothing needs the old values afterwards (no selection
             # between old and new for a GradScaler's skip or the ranks' agreement; not traced): the core
             # then writes a step it takes in pieces into the parameters and the state (RiemannianOptimizer.update)
-            donate = self._OWN_CORES and not compiling and skip is None and sharded is None and not together
+            donate = self._recipe is not None and not compiling and skip is None and sharded is None and not together
             extra = {"donate": True} if donate else {}
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False, **extra)
             if skip is not None:
@@ -658,7 +719,8 @@ class Optimizer(torch.optim.Optimizer):
     @torch.compiler.disable  # host bookkeeping (_new_cohort)
     def _rebuild(self, group: dict, gi: int, cohort: Cohort, key: Any) -> Cohort:
         """A new core for changed hyperparameters, keeping the cohort's state (which must keep its structure)."""
-        if self._OWN_CORES and cohort.key is not None and _differ_only_in(cohort.key, key, self._STATE_FREE):
+        recipe = self._recipe
+        if recipe is not None and cohort.key is not None and _differ_only_in(cohort.key, key, recipe.state_free):
             # a new rate, as a scheduler sets at every step (or another argument of geoarray's own cores that
             # is in no state): the state keeps its structure. The check below builds a fresh state on random
             # points (ManifoldMuon on the ViT weights: +2.9 ms per step, a third of the step)
@@ -676,6 +738,9 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- copies and pickles --------------------------------------------------------------------------
 
+    #: what a copy or a pickle carries beside torch's own (defaults, state, param_groups) and the cohorts
+    _CARRIED = ("_recipe", "_known", "_lr_reference", "_lr_rebuilds", "_stabilize_counts")
+
     def __getstate__(self) -> dict:
         # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
         # the states travel with the copy
@@ -684,18 +749,19 @@ class Optimizer(torch.optim.Optimizer):
         state["_cohorts"] = [
             [Cohort(c.indices, c.shapes, None, c.state, None, c.where) for c in cs] for cs in self._cohorts
         ]
-        state["_factory"] = None if self._OWN_CORES else self._factory
+        state.update({k: self.__dict__[k] for k in self._CARRIED if k in self.__dict__})
+        if self._recipe is None:
+            state["_factory"] = self._factory
         return state
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
-        # torch's load_state_dict also calls __setstate__, with only "state" and "param_groups"
+        # torch's load_state_dict also calls __setstate__, with only "state" and "param_groups": what it
+        # leaves out stays as it is
         has_factory = "_factory" in state
         cohorts, factory = state.pop("_cohorts", None), state.pop("_factory", None)
         super().__setstate__(state)
-        if self._OWN_CORES:
-            self._factory = self._core_for
-        elif has_factory:
+        if has_factory:
             self._factory = factory
         self._cohorts = cohorts if cohorts is not None else [[] for _ in self.param_groups]
 

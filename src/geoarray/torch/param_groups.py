@@ -29,6 +29,9 @@ __all__ = [
     "check_lr",
     "core_lr",
     "core_options",
+    "group_core_options",
+    "live",
+    "live_or_zero",
     "scaled",
 ]
 
@@ -66,6 +69,34 @@ def core_options(
         "seed": seed,
         "chunk_bytes": chunk_bytes,
     }
+
+
+def group_core_options(group: dict) -> dict:
+    """The group's :data:`CORE_OPTIONS`, the keywords of the core it builds; ``foreach=False`` (torch's
+    switch, in the groups of the torch-convention optimizers) updates every parameter by its own call."""
+    opts = {k: group[k] for k in CORE_OPTIONS}
+    if group.get("foreach") is False:
+        opts["group_same_shape"] = False
+    return opts
+
+
+def live(optimizer: Any, group: dict, key: str = "lr", index: int | None = None) -> Any:
+    """``group[key]`` (or ``group[key][index]``) for a core, read at every step: a :class:`LiveHyperparameter`
+    of the optimizer's group. While a group is being added it has no index yet, and its constant value builds
+    the probe core (:class:`geoarray.torch.Recipe`'s ``build`` reads its live keys through this)."""
+    for gi, g in enumerate(optimizer.param_groups):
+        if g is group:
+            return LiveHyperparameter(optimizer, gi, key, index)
+    value = group[key] if index is None else group[key][index]
+    return value.item() if isinstance(value, torch.Tensor) else float(value)
+
+
+def live_or_zero(optimizer: Any, group: dict, key: str, index: int | None = None) -> Any:
+    """:func:`live`, or the number 0 where the value is zero (no decay, no momentum buffer: another chain,
+    which a recipe's ``zero_matters`` makes another core)."""
+    if index is None and bool(group[key] == 0):
+        return 0.0
+    return live(optimizer, group, key, index)
 
 
 class LiveHyperparameter:
