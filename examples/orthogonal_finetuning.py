@@ -511,7 +511,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for path in args.from_json:
             with open(path, encoding="utf-8") as fh:
                 parts.append(json.load(fh))
-        result = {k: parts[0].get(k) for k in ("commit", "model", "torch", "lora_rank", "hidden", "counts", "task")}
+        result = {k: parts[0].get(k) for k in ("commit", "model", "torch", "lora_rank", "hidden", "task")}
+        # each file counts the trainable numbers of the methods it ran (one process per method group)
+        result["counts"] = {m: n for part in parts for m, n in (part.get("counts") or {}).items()}
         result.update(command=cmd, merged_from=[p["command"] for p in parts], args=vars(args))
         runs = {(r["method"], r["seed"], r["lr"]): r for part in reversed(parts) for r in part["runs"]}
         result["runs"] = list(runs.values())  # a (method, seed, lr) in two files: the first file's run

@@ -10,6 +10,7 @@ optimizers) and PEFT's exact Cayley R are orthonormal to 1e-5 (float32), LoRA an
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -32,14 +33,14 @@ def _rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_orthogonal_finetuning_smoke_prints_every_method(backend, monkeypatch, capsys):
+def test_orthogonal_finetuning_smoke_prints_every_method(backend, monkeypatch, capsys, tmp_path):
     pytest.importorskip("transformers", reason="the example fine-tunes a transformers BERT ('geoarray-ml[hf]')")
     pytest.importorskip("peft", reason="the example compares with PEFT's OFT and LoRA ('geoarray-ml[hf]')")
     if backend.name.endswith("cuda"):
         pytest.skip("the example runs on the CPU; it runs once, in the torch CPU session")
     example = load_example("orthogonal_finetuning")
     monkeypatch.setattr(example, "minilm_dir", lambda: None)  # as in CI, where the weights are not installed
-    result = example.main(["--smoke"])
+    result = example.main(["--smoke", "--json", str(tmp_path / "all.json")])
     out = capsys.readouterr().out
     assert "TINY RANDOM BERT" in out, out
 
@@ -64,3 +65,16 @@ def test_orthogonal_finetuning_smoke_prints_every_method(backend, monkeypatch, c
     for m in "ab":
         for entry in result["summary"][m]["per_lr"].values():
             assert entry["orth_error_max"] <= ORTHO_TOL
+
+    # --from-json merges sweeps run as one process per group of methods: each file counts only its own
+    # methods' trainable numbers (before: the first file's counts, a KeyError for the others' rows)
+    whole = json.loads((tmp_path / "all.json").read_text())
+    for name, group in (("acd.json", "acd"), ("bef.json", "bef")):
+        part = dict(whole, runs=[r for r in whole["runs"] if r["method"] in group])
+        part["counts"] = {m: n for m, n in whole["counts"].items() if m in group}
+        part["step_ms"] = whole["step_ms"] if group == "acd" else {}
+        (tmp_path / name).write_text(json.dumps(part))
+    example.main(["--from-json", str(tmp_path / "bef.json"), str(tmp_path / "acd.json")])
+    merged = _rows(capsys.readouterr().out)
+    assert sorted(merged) == list("abcdef"), merged
+    assert {m: merged[m][:6] for m in merged} == {m: rows[m][:6] for m in rows}
