@@ -657,3 +657,18 @@ def test_named_optimizers_are_constructors_of_the_one_optimizer_class(torch, gt)
         # the copy knows its groups' keys (it lost them before: AttributeError '_known' on add_param_group)
         twin[1].add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64))]})
         assert len(twin[1].param_groups) == 2, name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"build": "adam"}, r"Recipe\(build=\.\.\.\) must be a function"),
+        ({"build": print, "check": 3}, r"Recipe\(check=\.\.\.\) must be None or a function"),
+        ({"build": print, "live": "lr"}, r"Recipe\(live=\.\.\.\) must be a tuple of param-group keys"),
+        ({"build": print, "state_free": ("lr", 1)}, r"Recipe\(state_free=\.\.\.\) must be a tuple"),
+    ],
+)
+def test_a_bad_recipe_is_refused_when_made(torch, gt, kwargs, message):
+    """A recipe is checked when it is made, naming the field and the fix, before any optimizer uses it."""
+    with pytest.raises(TypeError, match=message):
+        gt.Recipe(**kwargs)

@@ -186,6 +186,16 @@ class Recipe:
     check: Callable[[dict, Any, str], None] | None = None
     zero_matters: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not callable(self.build):
+            raise TypeError(f"Recipe(build=...) must be a function (optimizer, group) -> core, got {self.build!r}")
+        if self.check is not None and not callable(self.check):
+            raise TypeError(f"Recipe(check=...) must be None or a function (group, gi, name), got {self.check!r}")
+        for field in ("live", "state_free", "zero_matters"):
+            keys = getattr(self, field)
+            if not isinstance(keys, tuple) or not all(isinstance(k, str) for k in keys):
+                raise TypeError(f"Recipe({field}=...) must be a tuple of param-group keys (str), got {keys!r}")
+
 
 class Optimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` around a geoarray optimizer core (see the module docstring).
