@@ -8,7 +8,10 @@ decides which form does this (its docstring gives the measurements behind each r
 * ``reconstructed`` — :meth:`HouseholderSection.of` (Y, reconstruct=True): the reflectors rebuilt from Y's
   orthonormality by an n×n LU instead of the N×n QR, then the same products;
 * ``packed`` (torch only) — :class:`PackedHouseholderSection`: geqrf's packed reflectors, one ormqr per
-  application.
+  application;
+* ``block-reflector`` — :class:`BlockReflectorSection`: Q = I − W M Wᵀ with W = Y − E·S, from matrix
+  products and elementwise operations only (the GEMM-only route of #52: a signed n×n LU in elementwise
+  steps, triangular inverses by products).
 
 The rules were measured on the CPU; on the first GPU run (an H200) the packed form cost as if it handled the
 336 frames of the ViT set one by one, and the process died in the GPT-2 set (432 × St(768, 64)) before
@@ -50,7 +53,7 @@ from gpu import timed_rounds
 
 import geoarray
 from geoarray import optim
-from geoarray.manifolds.sections import HouseholderSection, PackedHouseholderSection
+from geoarray.manifolds.sections import BlockReflectorSection, HouseholderSection, PackedHouseholderSection
 
 SETS = ("vit", "gpt2", "1024x64", "4096x128")
 ALL_SETS = (*SETS, "tiny")
@@ -58,6 +61,7 @@ FORMS = {
     "compact-wy": HouseholderSection.of,
     "reconstructed": lambda Y: HouseholderSection.of(Y, reconstruct=True),
     "packed": PackedHouseholderSection.of,
+    "block-reflector": BlockReflectorSection.of,
 }
 
 
@@ -70,14 +74,12 @@ def use(section_of, Y, G):
 
 @contextlib.contextmanager
 def forced(form: str):
-    """``householder_section_form`` answering ``form`` for every shape while inside (the sections look it
-    up on ``geoarray._backend`` at each call; a jitted step decides at its trace)."""
-    original = geoarray._backend.householder_section_form
-    geoarray._backend.householder_section_form = lambda shape, xp, device=None: form
+    """``geoarray.set_section_form(form)`` while inside (a jitted step keeps the form of its trace)."""
+    previous = geoarray.set_section_form(form)
     try:
         yield
     finally:
-        geoarray._backend.householder_section_form = original
+        geoarray.set_section_form(previous)
 
 
 def whole_step(form: str, params, manifolds, grads, wrap):

@@ -215,11 +215,22 @@ def test_a_captured_step_cannot_build_state(torch, gt, device, monkeypatch, case
     assert all(c.buffers for cohorts in opt._cohorts for c in cohorts)
 
 
+@pytest.fixture(params=["auto", "block-reflector"])
+def section_form(request):
+    """The Householder section's form for one test (``geoarray.set_section_form``): the backend's default, and
+    the GEMM-only block reflector (issue #52), whose signed LU chooses its signs on the device."""
+    import geoarray
+
+    previous = geoarray.set_section_form(request.param)
+    yield request.param
+    geoarray.set_section_form(previous)
+
+
 @pytest.mark.parametrize("lr_kind", ["float", "tensor"])
-def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device, lr_kind):
+def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device, lr_kind, section_form):
     """Forward, backward and step captured once and replayed on new batches equal eager steps; with a tensor
     lr on the device, rates written into it between replays (``fill_``, as a scheduler does) are the rates
-    the replays take."""
+    the replays take. Both with the default section and with the GEMM-only block reflector."""
     if not str(device).startswith("cuda"):
         pytest.skip("CUDA graphs exist only on CUDA devices; the CPU tests above check the fixed buffers")
     captured, eager = _model(torch, gt, device), _model(torch, gt, device)
@@ -261,10 +272,10 @@ def test_forward_backward_and_step_replay_in_a_cuda_graph(torch, gt, device, lr_
     assert M.is_point(captured[0].detach(), atol=1e-12)
 
 
-def test_a_compiled_capturable_step_writes_the_same_buffers(torch, gt, device):
+def test_a_compiled_capturable_step_writes_the_same_buffers(torch, gt, device, section_form):
     """torch.compile(opt.step, fullgraph=True) after the eager first step keeps writing the state
     buffers in place (what a CUDA-graph mode such as ``mode="reduce-overhead"`` replays), one graph for
-    every later step, equal to eager ``capturable=False`` steps to AGREE_RTOL."""
+    every later step, equal to eager ``capturable=False`` steps to AGREE_RTOL; with either section form."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -20,8 +20,10 @@ from ._backend import (
     backend_name,
     default_float,
     get_host_reads,
+    get_section_form,
     resolve_dtype,
     set_host_reads,
+    set_section_form,
     to_host,
 )
 from .manifolds import Euclidean, Grassmann, Stiefel, SymplecticStiefel
@@ -61,11 +63,13 @@ __all__ = [
     "backend_name",
     "default_float",
     "get_host_reads",
+    "get_section_form",
     "linalg",
     "manifolds",
     "optim",
     "random",
     "resolve_dtype",
     "set_host_reads",
+    "set_section_form",
     "to_host",
 ]

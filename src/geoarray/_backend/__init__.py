@@ -52,6 +52,7 @@ from .control import (  # noqa: F401
     static_loop,
 )
 from .kernels import (
+    SECTION_FORMS,
     add_into,
     addmm,
     addmm_,
@@ -61,6 +62,7 @@ from .kernels import (
     eye,
     fast_path,
     fast_path_backends,
+    get_section_form,
     host_constant,
     householder_section_form,
     inv,
@@ -72,6 +74,7 @@ from .kernels import (
     register_fast_path,
     scale_add_square,
     scale_add_square_,
+    set_section_form,
     sign,
     skew_square_minus_gram,
     solve,
@@ -111,6 +114,7 @@ from .namespace import (  # noqa: F401
 )
 
 __all__ = [
+    "SECTION_FORMS",
     "add_into",
     "addmm",
     "addmm_",
@@ -138,6 +142,7 @@ __all__ = [
     "from_host",
     "from_host_like",
     "get_host_reads",
+    "get_section_form",
     "has_autodiff",
     "host_constant",
     "host_reads_allowed",
@@ -168,6 +173,7 @@ __all__ = [
     "select",
     "selects_on_device",
     "set_host_reads",
+    "set_section_form",
     "sign",
     "skew_square_minus_gram",
     "solve",

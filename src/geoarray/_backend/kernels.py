@@ -735,9 +735,42 @@ def torch_packed_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
     return _TORCH_PACKED_OPS
 
 
+#: The forms of the Householder section (:func:`set_section_form`); ``"auto"`` lets
+#: :func:`householder_section_form` choose by backend, device and shape.
+SECTION_FORMS = ("auto", "compact-wy", "reconstructed", "packed", "block-reflector")
+_section_form = ["auto"]
+
+
+def set_section_form(form: str) -> str:
+    """Set the form in which optimizers build and apply the Householder section of Stiefel and Grassmann
+    points (the same section to rounding in every form); returns the previous setting.
+
+    * ``"auto"`` (the default): the form measured cheapest for the backend, device and shape
+      (:func:`householder_section_form`);
+    * ``"compact-wy"``: a Householder QR of Y (geqrf), Q = I − V T Vᵀ;
+    * ``"reconstructed"``: the same V and T rebuilt from Y's orthonormality by an n×n LU;
+    * ``"packed"``: LAPACK's packed reflectors applied by ormqr (torch on the CPU only);
+    * ``"block-reflector"``: Q = I − W M Wᵀ with W = Y − E·S, built and applied with matrix products and
+      elementwise operations only (:func:`geoarray.linalg.householder_block_reflector`): no QR, LU or
+      triangular solve, for accelerators whose batched QR of many small frames is slow.
+
+    A jitted or compiled step keeps the form it was traced with."""
+    if form not in SECTION_FORMS:
+        raise ValueError(f"section form must be one of {', '.join(map(repr, SECTION_FORMS))}, got {form!r}")
+    previous = _section_form[0]
+    _section_form[0] = form
+    return previous
+
+
+def get_section_form() -> str:
+    """The current section form setting (:func:`set_section_form`)."""
+    return _section_form[0]
+
+
 def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None) -> str:
     """Which form of the Householder section of a point of ``shape`` (..., N, n) on ``device`` (default:
-    the CPU) is cheaper here.
+    the CPU) a step uses: the one :func:`set_section_form` sets, or by default (``"auto"``) the one
+    measured cheaper here:
 
     * ``"packed"`` — torch on the CPU, a batch of ≥ 16 frames with n ≤ 32: the reflectors as
       LAPACK packs them, applied by ormqr (one call per application), eager or under ``torch.compile``
@@ -756,9 +789,27 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
 
+    ``"block-reflector"`` (matrix products only) is never picked by default: on the CPU its n sequential
+    elimination steps cost more than LAPACK's QR (``benchmarks/section_forms.py``, one thread, float32:
+    the section's use 1.30× compact WY's at GPT-2 small's 432 × St(768, 64) on torch eager, 2.6× on the
+    ViT set, 5.5× on one St(1024, 64); jitted JAX 1.18×, 2.2× and 0.93×), and it has not yet been timed
+    on a GPU, for which it is made (``.ci/gpu`` times it).
+
     On eager torch this also registers the traceable operators (:func:`torch_geqrf_op`,
     :func:`torch_packed_ops`), so that a later ``torch.compile`` of the same step finds them.
     """
+    chosen = _section_form[0]
+    if chosen == "packed":
+        if not is_torch(xp):
+            raise ValueError(
+                f"section form 'packed' is torch's (LAPACK's ormqr), not available on {backend_name(xp)}; "
+                "choose another with geoarray.set_section_form, or 'auto'"
+            )
+        if not is_compiling():
+            torch_packed_ops()
+        return chosen
+    if chosen != "auto":
+        return chosen
     batch = math.prod(shape[:-2])
     N, n = shape[-2], shape[-1]
     if is_torch(xp):

@@ -20,6 +20,9 @@ Contents
 ``householder_of_orthonormal``
     The same factors for a matrix with orthonormal columns, reconstructed from an n×n LU instead
     of a QR of the whole matrix.
+``householder_block_reflector``
+    The same Q for orthonormal columns as one block reflector I − W M Wᵀ with W = Y − E·S, from
+    matrix products and elementwise operations only (no QR, LU or triangular solve).
 ``solve``, ``solve_vectors``
     Batched linear solves, with the stacked-vector rule of the standard made explicit.
 ``msign``, ``polar``, ``newton_schulz``
@@ -36,22 +39,26 @@ from __future__ import annotations
 from .basic import cayley, eye, skew, solve, solve_vectors, sym
 from .expm import expm
 from .householder import (  # noqa: F401  (_t_factor_series: tests)
+    BlockReflector,
     HouseholderQR,
     _t_factor_series,
     apply_q,
     apply_qt,
+    householder_block_reflector,
     householder_of_orthonormal,
     householder_qr,
 )
 from .polar import msign, newton_schulz, polar
 
 __all__ = [
+    "BlockReflector",
     "HouseholderQR",
     "apply_q",
     "apply_qt",
     "cayley",
     "expm",
     "eye",
+    "householder_block_reflector",
     "householder_of_orthonormal",
     "householder_qr",
     "msign",

@@ -151,15 +151,60 @@ def householder_of_orthonormal(Y: Array) -> HouseholderQR:
 
 def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
     n = Y.shape[-1]
-    idx = xp.arange(n, device=_backend.device(Y))
-    one = xp.ones((), dtype=Y.dtype, device=_backend.device(Y))
+    A, s = _signed_lu(Y[..., :n, :], xp)
+    U = xp.triu(A)
+    V1 = xp.tril(A, k=-1) + eye(n, Y)
+    native = _backend.fast_path("triu_inverse", xp)
+    U_inv = native(U) if native is not None else _backend.solve(U, xp.broadcast_to(eye(n, Y), U.shape), xp)
+    V = xp.concat([V1, Y[..., n:, :] @ U_inv], axis=-2) if Y.shape[-2] > n else V1
+    return V, 2 / xp.sum(V * V, axis=-2), s
+
+
+def _signed_lu(Y1: Array, xp: Any) -> tuple[Array, Array]:
+    """(A, s): the LU factorisation without pivoting Y₁ − diag(s) = V₁U of an orthonormal frame's top
+    block, packed in A (V₁'s multipliers below the diagonal, U on and above), with each sₖ = −sign of the
+    k-th pivot as the elimination reaches it (geqrf's choice of R's signs, sign(0) = +), so that every
+    ``|uₖₖ|`` = ``|pivot|`` + 1 ≥ 1 (:func:`householder_of_orthonormal`).
+
+    Elementwise steps only, no linear-algebra call. Where arrays take writes (eager NumPy, torch, CuPy,
+    array-api-strict) step k writes its column of multipliers and updates the trailing block in place:
+    a few operations on shrinking slices (36 × 64×64 in float32, torch's CPU eager, one thread: 7.2 ms, the
+    time of some 300 small operations; the masked form below: 41 ms); on JAX one ``lax.fori_loop`` of
+    masked steps."""
+    if _backend.writable(xp):
+        return _signed_lu_written(Y1, xp)
+    return _signed_lu_masked(Y1, xp)
+
+
+def _signed_lu_written(Y1: Array, xp: Any) -> tuple[Array, Array]:
+    n = Y1.shape[-1]
+    A = xp.asarray(Y1, copy=True)
+    s = xp.empty(A.shape[:-1], dtype=A.dtype, device=_backend.device(A))
+    one = xp.ones((), dtype=A.dtype, device=_backend.device(A))
+    for k in range(n):
+        a = A[..., k, k]
+        sk = xp.where(a >= 0, -one, one)
+        s[..., k] = sk
+        u = a - sk  # |u| = |a| + 1 ≥ 1
+        A[..., k, k] = u
+        if k + 1 < n:
+            low = A[..., k + 1 :, k] / u[..., None]
+            A[..., k + 1 :, k] = low
+            A[..., k + 1 :, k + 1 :] = A[..., k + 1 :, k + 1 :] - low[..., :, None] * A[..., k, None, k + 1 :]
+    return A, s
+
+
+def _signed_lu_masked(Y1: Array, xp: Any) -> tuple[Array, Array]:
+    n = Y1.shape[-1]
+    idx = xp.arange(n, device=_backend.device(Y1))
+    one = xp.ones((), dtype=Y1.dtype, device=_backend.device(Y1))
 
     def eliminate(k: Any, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         # step k of the LU of Y₁ − S in place (L below the diagonal, U on and above), with masks rather
         # than indexing so that k may be traced (lax.fori_loop)
         A, s = carry
-        e = xp.astype(idx == k, Y.dtype)
-        after = xp.astype(idx > k, Y.dtype)
+        e = xp.astype(idx == k, Y1.dtype)
+        after = xp.astype(idx > k, Y1.dtype)
         col = xp.sum(A * e, axis=-1)  # A[:, k]
         row = xp.sum(A * e[:, None], axis=-2)  # A[k, :]
         a = xp.sum(col * e, axis=-1)  # the pivot before sₖ is subtracted
@@ -170,14 +215,90 @@ def _reconstruct_householder(Y: Array, xp: Any) -> tuple[Array, Array, Array]:
         A = A + (low - col * after)[..., :, None] * e + (u - a)[..., None, None] * (e[:, None] * e)
         return A, s + sk[..., None] * e
 
-    carry = (Y[..., :n, :], xp.zeros((*Y.shape[:-2], n), dtype=Y.dtype, device=_backend.device(Y)))
-    A, s = _backend.static_loop(eliminate, carry, n, xp)
-    U = xp.triu(A)
-    V1 = xp.tril(A, k=-1) + eye(n, Y)
-    native = _backend.fast_path("triu_inverse", xp)
-    U_inv = native(U) if native is not None else _backend.solve(U, xp.broadcast_to(eye(n, Y), U.shape), xp)
-    V = xp.concat([V1, Y[..., n:, :] @ U_inv], axis=-2) if Y.shape[-2] > n else V1
-    return V, 2 / xp.sum(V * V, axis=-2), s
+    carry = (Y1, xp.zeros(Y1.shape[:-1], dtype=Y1.dtype, device=_backend.device(Y1)))
+    return _backend.static_loop(eliminate, carry, n, xp)
+
+
+class BlockReflector(NamedTuple):
+    """The Householder Q of an orthonormal Y (..., N, n) as one block reflector (Schreiber and Parlett,
+    *Block reflectors: theory and computation*, SIAM J. Numer. Anal. 25, 1988):
+
+        Q = I − W M Wᵀ,   W = Y − E·S,   M = (I − Y₁ᵀS)⁻¹,
+
+    with E the first n columns of the identity, Y₁ the top n×n block of Y and S = diag(``signs``) the
+    signs of geqrf's R (Q·E·S = Y). W is Y with S subtracted from its top block, so Q is applied with
+    products by Y itself: nothing of size N×n is stored besides Y (``M`` is (..., n, n))."""
+
+    M: Array
+    signs: Array
+
+
+def householder_block_reflector(Y: Array) -> BlockReflector:
+    """Householder's Q of a Y (..., N, n) with orthonormal columns as Q = I − W M Wᵀ, W = Y − E·S, computed
+    with matrix products and elementwise operations only: no QR, LU, triangular solve or inverse call
+    (the GEMM-only route of issue #52, for accelerators whose batched QR of many small frames runs frame
+    by frame).
+
+    Derivation. Householder QR of an orthonormal Y has R = S = diag(±1) and Y − E·S = V·U, V the unit
+    lower trapezoidal reflectors and U upper triangular (:func:`householder_of_orthonormal`). With
+    Q = I − V T Vᵀ and V = W U⁻¹, Q = I − W (U⁻¹ T U⁻ᵀ) Wᵀ, and Q·E·S = Y forces U⁻¹ T U⁻ᵀ =
+    (I − Y₁ᵀS)⁻¹ = −S V₁⁻ᵀ U⁻ᵀ. So the section needs S and two n×n triangular inverses, from the
+    signed LU Y₁ − S = V₁U of the top block (:func:`_signed_lu`: elementwise steps, geqrf's signs,
+    pivots ≥ 1) and :func:`_triu_inverse_by_products` (⌈log₂ n⌉ doublings of two n×n products each).
+
+    Y's drift from orthonormality. M is then refined to the inverse of C = I − Y₁ᵀS + ½(YᵀY − I) by two
+    Newton steps M ← M(2I − CM): C + Cᵀ = WᵀW for any Y, which makes Q orthogonal to rounding (to the
+    fourth power of the drift) whatever Y's drift, as a QR of Y keeps it; for an orthonormal Y, C is
+    I − Y₁ᵀS and nothing changes. Cost: YᵀY (one N×n×n product) and n×n work. The section equals
+    :func:`householder_qr`'s (the Q⊥ columns of ``Q``) to rounding, including the columns that geqrf
+    leaves unreflected (τₖ = 0), whose reflection here only flips a column of Q that S flips back. A pivot
+    of −0.0 counts as +0, as MKL's geqrf (torch's) takes it; OpenBLAS's LAPACK (NumPy's, JAX's) takes the
+    zero's sign, so for such frames (±eₖ columns) the two QRs' sections differ, each valid.
+    Y must have orthonormal columns up to a drift of, say, 1e-3 (not checked: a check reads to the host).
+    """
+    xp = array_namespace(Y=Y)
+    check_matrix(Y, "Y", xp)
+    N, n = Y.shape[-2], Y.shape[-1]
+    if n > N:
+        raise ValueError(f"Y must be tall (rows ≥ columns) for householder_block_reflector, got shape {tuple(Y.shape)}")
+    M, signs = _backend.compiled(_block_reflector, xp, "xp")(Y, xp=xp)
+    return BlockReflector(M, signs)
+
+
+def _block_reflector(Y: Array, xp: Any) -> tuple[Array, Array]:
+    n = Y.shape[-1]
+    A, s = _signed_lu(Y[..., :n, :], xp)
+    I = eye(n, Y)
+    U_inv = _triu_inverse_by_products(xp.triu(A), xp)
+    V1_inv_t = _triu_inverse_by_products(mT(xp.tril(A, k=-1), xp) + I, xp)
+    M = -s[..., :, None] * (V1_inv_t @ mT(U_inv, xp))  # (I − Y₁ᵀS)⁻¹
+    # C = I − Y₁ᵀS + ½(YᵀY − I) = M₀⁻¹ + ½(YᵀY − I): C + Cᵀ = WᵀW exactly, so Q is orthogonal
+    C = I - mT(Y[..., :n, :], xp) * s[..., None, :] + 0.5 * (mT(Y, xp) @ Y - I)
+    for _ in range(2):
+        M = M + M @ (I - C @ M)
+    return M, s
+
+
+def _triu_inverse_by_products(U: Array, xp: Any) -> Array:
+    """U⁻¹ for an upper triangular U (..., n, n) with a nonzero diagonal, by matrix products only.
+
+    X starts as the inverse of U's diagonal; at the doubling for block size b, X holds the inverse of
+    U's block diagonal part of b×b blocks, and the blocks pair up: for [[A, B], [0, C]],
+    [[A⁻¹, −A⁻¹BC⁻¹], [0, C⁻¹]], that is X ← X − X·(U ∘ Mᵦ)·X with Mᵦ the mask of the B blocks (X·F·X
+    is zero outside them, and (X F)² = 0, so the update is exact). ⌈log₂ n⌉ doublings of two n×n
+    products: the block recursion of LAPACK's trtri, whose rounding errors it shares, written as whole
+    products so that it runs as a few batched GEMMs on any backend."""
+    n = U.shape[-1]
+    dev = _backend.device(U)
+    i = xp.arange(n, device=dev)
+    X = eye(n, U) / xp.linalg.diagonal(U)[..., None, :]
+    b = 1
+    while b < n:
+        rb, cb = (i // b)[:, None], (i // b)[None, :]
+        mask = xp.astype((rb % 2 == 0) & (cb == rb + 1), U.dtype)
+        X = X - X @ ((U * mask) @ X)
+        b *= 2
+    return X
 
 
 def _check_wy(V: Array, T: Array, X: Array, xp: Any) -> None:

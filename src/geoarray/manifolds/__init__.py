@@ -9,11 +9,19 @@ from .base import Manifold
 from .euclidean import Euclidean
 from .grassmann import Grassmann
 from .horizontal import GrassmannHorizontal, HorizontalElement, StiefelHorizontal, SymplecticStiefelHorizontal
-from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, SymplecticSection
+from .sections import (
+    BlockReflectorSection,
+    DenseSection,
+    HouseholderSection,
+    PackedHouseholderSection,
+    SquareSection,
+    SymplecticSection,
+)
 from .stiefel import Stiefel
 from .symplectic_stiefel import SymplecticStiefel
 
 __all__ = [
+    "BlockReflectorSection",
     "DenseSection",
     "Euclidean",
     "Grassmann",

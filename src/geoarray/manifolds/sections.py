@@ -17,7 +17,9 @@ Strategies (the manifold's ``section`` keyword chooses):
     Q⊥ = the last N − n columns of the Householder Q of Y in compact-WY form Q = I − V T Vᵀ, and
     λ = Q·diag(S, I) with the signs S of R's diagonal. Deterministic, O(N·n²) to build, O(N·n)
     memory, applied (λX, λᵀD) through Q in two N×n×k products. Never N×N. Retracted points are
-    orthonormal to rounding at every step, whatever the accumulated error of Y.
+    orthonormal to rounding at every step, whatever the accumulated error of Y. The same section comes
+    in other forms (:func:`geoarray.set_section_form`): :class:`PackedHouseholderSection` (LAPACK's
+    packed reflectors) and :class:`BlockReflectorSection` (Q = I − W M Wᵀ, matrix products only).
 ``"random"`` → :class:`DenseSection`
     The paper's Algorithm 2: sample A ∈ R^{N×(N−n)}, remove its Y-component, QR. Dense
     N×(N−n) storage and an O(N²(N−n)) QR per call; explicitly seeded.
@@ -46,6 +48,7 @@ from ._symplectic import rows, stack_rows, symplectic_inverse
 from .retraction import bjorck_step
 
 __all__ = [
+    "BlockReflectorSection",
     "DenseSection",
     "HouseholderSection",
     "PackedHouseholderSection",
@@ -185,14 +188,95 @@ class PackedHouseholderSection(NamedTuple):
         return self._q(xp.concat([zeros, X], axis=-2), False)
 
 
-def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection:
-    """The Householder section of Y in the cheaper form for this backend and shape
-    (:func:`geoarray._backend.householder_section_form` says which and why): packed reflectors applied
-    by ormqr, or the compact-WY form, with the reflectors from a QR or rebuilt from Y's orthonormality.
+class BlockReflectorSection(NamedTuple):
+    """λ(Y) = [Y, Q⊥] = Q·diag(S, I) with Householder's Q as one block reflector, Q = I − W M Wᵀ,
+    W = Y − E·S (:func:`geoarray.linalg.householder_block_reflector`): the same section as
+    :class:`HouseholderSection` to rounding, built and applied with matrix products and elementwise
+    operations only (the GEMM-only route, ``set_section_form("block-reflector")``).
+
+    W is never formed: WᵀX = YᵀX − S·X_top and W·Z = Y·Z − E·S·Z, so every product is with Y itself and
+    the section stores only the n×n matrix M and the signs beside Y. Applied like compact WY, two N×n×k
+    products per use::
+
+        λᵀD = [S·(QᵀD)_top; D_bot − Y₂·P],  P = Mᵀ(YᵀD − S·D_top)
+        λ[t; b] = Z − Y·R + E·S·R,  Z = [S·t; b],  R = M(YᵀZ − t)
+    """
+
+    Y: Array
+    M: Array
+    signs: Array  # S = sign(diag R) of geqrf's R, (..., n), entries ±1
+
+    @classmethod
+    def of(cls, Y: Array) -> BlockReflectorSection:
+        """The section of Y (orthonormal up to a drift of about 1e-3): no QR, LU or triangular solve."""
+        M, signs = linalg.householder_block_reflector(Y)
+        return cls(Y, M, signs)
+
+    def _p(self, D: Array, xp: Any) -> Array:
+        """P = Mᵀ·WᵀD = Mᵀ(YᵀD − S·D_top) for D (..., N, k)."""
+        n = self.Y.shape[-1]
+        mT = xp.matrix_transpose
+        return mT(self.M) @ (mT(self.Y) @ D - self.signs[..., :, None] * D[..., :n, :])
+
+    def coords(self, D: Array) -> Array:
+        """λᵀD = [S·(QᵀD)_top; (QᵀD)_bot] for D (..., N, k): the top block is YᵀD, the bottom Q⊥ᵀD."""
+        return _concat_rows(self.coords_blocks(D))
+
+    def coords_blocks(self, D: Array) -> tuple[Array, Array]:
+        """(S·(QᵀD)_top, (QᵀD)_bot) with QᵀD = D − W·P: the two row blocks of :meth:`coords`."""
+        xp = array_namespace(D=D, Y=self.Y)
+        n = self.Y.shape[-1]
+        P = self._p(D, xp)
+        S = self.signs[..., :, None]
+        # S·(D_top − (Y₁ − S)·P) = S·D_top − S·Y₁·P + P
+        top = S * D[..., :n, :] - S * (self.Y[..., :n, :] @ P) + P
+        return top, _backend.addmm(D[..., n:, :], self.Y[..., n:, :], P, xp, alpha=-1.0)
+
+    def apply(self, X: Array) -> Array:
+        """λX = Q [S·X_top; X_bot] for X (..., N, k), in O(N·n·k)."""
+        n = self.Y.shape[-1]
+        return self.apply_blocks(X[..., :n, :], X[..., n:, :])
+
+    def apply_blocks(self, top: Array, bottom: Array) -> Array:
+        """λ[top; bottom] = Q·Z, Z = [S·top; bottom]: Z − Y·R with S·R added to the top rows,
+        R = M·WᵀZ = M(YᵀZ − top)."""
+        xp = array_namespace(top=top, bottom=bottom, Y=self.Y)
+        n = self.Y.shape[-1]
+        Z = xp.concat([self.signs[..., :, None] * top, bottom], axis=-2)
+        R = self.M @ (xp.matrix_transpose(self.Y) @ Z - top)
+        ESR = self.signs[..., :, None] * R
+        if _backend.writable(xp) and not _backend.is_traced(Z):  # Z is ours: Q·Z written into it
+            out = _backend.addmm_(Z, self.Y, R, xp, alpha=-1.0)
+            out[..., :n, :] = out[..., :n, :] + ESR
+            return out
+        out = _backend.addmm(Z, self.Y, R, xp, alpha=-1.0)
+        return xp.concat([out[..., :n, :] + ESR, out[..., n:, :]], axis=-2)
+
+    def perp_t(self, D: Array) -> Array:
+        """Q⊥ᵀ D = D_bot − Y₂·P for D (..., N, k), in O(N·n·k)."""
+        xp = array_namespace(D=D, Y=self.Y)
+        n = self.Y.shape[-1]
+        return _backend.addmm(D[..., n:, :], self.Y[..., n:, :], self._p(D, xp), xp, alpha=-1.0)
+
+    def perp(self, X: Array) -> Array:
+        """Q⊥ X for X (..., N − n, k) = λ[0; X], in O(N·n·k)."""
+        xp = array_namespace(X=X, Y=self.Y)
+        n = self.Y.shape[-1]
+        zeros = xp.zeros((*X.shape[:-2], n, X.shape[-1]), dtype=X.dtype, device=_device(X))
+        return self.apply_blocks(zeros, X)
+
+
+def householder_section(Y: Array) -> HouseholderSection | PackedHouseholderSection | BlockReflectorSection:
+    """The Householder section of Y in the form :func:`geoarray.set_section_form` sets, by default the
+    cheaper one for this backend and shape (:func:`geoarray._backend.householder_section_form` says which
+    and why): packed reflectors applied by ormqr, the compact-WY form with the reflectors from a QR or
+    rebuilt from Y's orthonormality, or one block reflector made of matrix products only.
     """
     form = _backend.householder_section_form(tuple(Y.shape), array_namespace(Y), _device(Y))
     if form == "packed":
         return PackedHouseholderSection.of(Y)
+    if form == "block-reflector":
+        return BlockReflectorSection.of(Y)
     return HouseholderSection.of(Y, reconstruct=form == "reconstructed")
 
 
@@ -221,7 +305,9 @@ class DenseSection(NamedTuple):
     Qperp: Array
 
     @classmethod
-    def from_householder(cls, lam: HouseholderSection | PackedHouseholderSection) -> DenseSection:
+    def from_householder(
+        cls, lam: HouseholderSection | PackedHouseholderSection | BlockReflectorSection
+    ) -> DenseSection:
         N, n = lam.Y.shape[-2], lam.Y.shape[-1]
         xp = array_namespace(lam.Y)
         eye = xp.broadcast_to(linalg.eye(N - n, lam.Y), (*lam.Y.shape[:-2], N - n, N - n))

@@ -37,7 +37,14 @@ from .._backend import device as _device
 from .base import REQUIRED, RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
 from .retraction import bjorck_step, kernel_norm_bound, retract_e, retract_square, retraction_kernel
-from .sections import DenseSection, HouseholderSection, PackedHouseholderSection, SquareSection, householder_section
+from .sections import (
+    BlockReflectorSection,
+    DenseSection,
+    HouseholderSection,
+    PackedHouseholderSection,
+    SquareSection,
+    householder_section,
+)
 
 __all__ = ["OrthonormalFrames", "Stiefel"]
 
@@ -248,7 +255,7 @@ class OrthonormalFrames(Manifold):
 
     def global_section(
         self, Y: Array, *, strategy: str | None = None, seed: Any = None
-    ) -> HouseholderSection | PackedHouseholderSection | DenseSection | SquareSection:
+    ) -> HouseholderSection | PackedHouseholderSection | BlockReflectorSection | DenseSection | SquareSection:
         """λ(Y) = [Y, Q⊥] by ``strategy`` (default: the manifold's ``section``; see
         :mod:`~geoarray.manifolds.sections`).
 
@@ -343,7 +350,9 @@ class OrthonormalFrames(Manifold):
                     f"velocity_bound must be a finite number >= 0, got {velocity_bound!r}; leave it out (None) "
                     "when the step is not bounded"
                 )
-        if not isinstance(lam, (HouseholderSection, PackedHouseholderSection, DenseSection, SquareSection)):
+        if not isinstance(
+            lam, (HouseholderSection, PackedHouseholderSection, BlockReflectorSection, DenseSection, SquareSection)
+        ):
             return _written(super().apply_retraction(lam, W, method), out)
         xp = self._check_horizontal(W)
         self._namespace(W_B=W.B, Y=lam.Y)
