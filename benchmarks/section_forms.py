@@ -17,7 +17,7 @@ The rules were measured on the CPU; on the first GPU run (an H200) the packed fo
 336 frames of the ViT set one by one, and the process died in the GPT-2 set (432 × St(768, 64)) before
 printing a row. This script times each form's *use* — build, ``coords_blocks(G)``, ``apply_blocks`` of the
 two blocks — on the sets of ``benchmarks/gpu.py`` (``vit``, ``gpt2``, ``1024x64``, ``4096x128``; ``tiny``
-for smoke runs), torch eager on ``--device`` and JAX jitted on its default device (a form that fails is
+for smoke runs), torch eager on ``--device``, JAX jitted on its default device and NumPy eager (a form that fails is
 reported with its error, the others still timed). Each row gives the form's median per use, its ratio to
 compact WY, ``picked`` where ``householder_section_form`` chooses it on that device, and the largest
 difference of its result to compact WY's (the forms agree to rounding).
@@ -32,8 +32,8 @@ agree to 1.6e-14 after 120).
 Timing: ``gpu.timed_rounds`` — ``--inner`` uses between two device synchronisations, ``--rounds`` rounds,
 the forms interleaved in alternating order, median per use; float32, TF32 off.
 
-    python benchmarks/section_forms.py [--device cuda] [--sets vit gpt2 1024x64 4096x128 NxM…] [--backends torch jax]
-        [--rounds 20] [--inner 5] [--whole-step] [--json out.json]
+    python benchmarks/section_forms.py [--device cuda] [--sets vit gpt2 1024x64 4096x128 NxM…]
+        [--backends torch jax numpy] [--rounds 20] [--inner 5] [--whole-step] [--json out.json]
 """
 
 from __future__ import annotations
@@ -117,6 +117,13 @@ def bench(backend: str, name: str, args) -> list[dict]:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         forms = dict(FORMS)
         wrap = lambda f: f  # noqa: E731  (eager)
+    elif backend == "numpy":
+        import numpy as np
+
+        xp, device = geoarray.as_namespace(np), "cpu"
+        forms = {k: v for k, v in FORMS.items() if k != "packed"}  # ormqr is a torch (LAPACK) call
+        wrap = lambda f: f  # noqa: E731  (eager)
+        sync = lambda: None  # noqa: E731
     else:
         import jax
         import jax.numpy as jnp
@@ -176,7 +183,7 @@ def bench(backend: str, name: str, args) -> list[dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="torch device (cuda, or cpu)")
-    parser.add_argument("--backends", nargs="+", default=["torch", "jax"], choices=["torch", "jax"])
+    parser.add_argument("--backends", nargs="+", default=["torch", "jax"], choices=["torch", "jax", "numpy"])
     parser.add_argument("--sets", nargs="+", default=list(SETS), type=_set_name, help=f"{', '.join(ALL_SETS)} or NxM")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--inner", type=int, default=5, help="uses between two synchronisations")
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.device.startswith("cuda") and not torch.cuda.is_available():
                 raise SystemExit("section_forms.py: torch sees no CUDA GPU; use --device cpu")
             torch.backends.cuda.matmul.allow_tf32 = False
-        else:
+        elif backend == "jax":
             import jax
 
             jax.config.update("jax_default_matmul_precision", "highest")

@@ -255,11 +255,9 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
 def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
     """section_forms.py times each Householder section form's use (build, λᵀG, λ applied), or a whole Adam
     step with the form forced, on the session's backend: compact WY, the reconstruction and the GEMM-only block
-    reflector on torch and JAX, the packed form on torch only; the forms give the same result to float32
+    reflector on torch, JAX and NumPy, the packed form on torch only; the forms give the same result to float32
     rounding (1e-5 after the six steps of this run; entries O(1e-2) and O(1)), and exactly one is marked as the form
     householder_section_form picks there."""
-    if bench_backend == "numpy":
-        pytest.skip("section_forms.py times torch (eager) and JAX (jitted); NumPy's forms agree in test_manifolds")
     path = tmp_path / "section_forms.json"
     argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "2", "--inner", "1"]
     load_benchmark("section_forms").main([*argv, *(["--whole-step"] if whole_step else []), "--json", str(path)])

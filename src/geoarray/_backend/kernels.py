@@ -13,7 +13,17 @@ import numpy as np
 
 from .._typing import Array
 from .control import is_compiling, is_traced
-from .namespace import array_namespace, backend_name, device, dtype_name, from_host, is_jax, is_torch, writable
+from .namespace import (
+    array_namespace,
+    backend_name,
+    device,
+    dtype_name,
+    from_host,
+    is_jax,
+    is_numpy,
+    is_torch,
+    writable,
+)
 
 Namespace = Any
 
@@ -736,7 +746,7 @@ def torch_packed_ops() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 
 #: The forms of the Householder section (:func:`set_section_form`); ``"auto"`` lets
-#: :func:`householder_section_form` choose by backend, device and shape.
+#: ``householder_section_form`` choose by backend, device and shape.
 SECTION_FORMS = ("auto", "compact-wy", "reconstructed", "packed", "block-reflector")
 _section_form = ["auto"]
 
@@ -746,7 +756,7 @@ def set_section_form(form: str) -> str:
     points (the same section to rounding in every form); returns the previous setting.
 
     * ``"auto"`` (the default): the form measured cheapest for the backend, device and shape
-      (:func:`householder_section_form`);
+      (``geoarray._backend.householder_section_form``);
     * ``"compact-wy"``: a Householder QR of Y (geqrf), Q = I − V T Vᵀ;
     * ``"reconstructed"``: the same V and T rebuilt from Y's orthonormality by an n×n LU;
     * ``"packed"``: LAPACK's packed reflectors applied by ormqr (torch on the CPU only);
@@ -785,15 +795,22 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
       --whole-step``, one thread, three runs) with it takes 0.69–0.73× at 4096×128, 0.81–0.85× at
       2048×128, 0.91–1.02× at 512×32 and 0.98–1.09× at 1024×64 (N = 16n and more), but 1.06–1.15× at
       1024×128 and 1.11–1.14× at 512×64 (N = 8n), hence 16n;
+    * ``"block-reflector"`` — NumPy, tall frames (N ≥ 8n) with batch·N·n ≥ 2¹⁷ entries: Q = I − W M Wᵀ from
+      matrix products only. NumPy's QR runs in float64 whatever the input and its LAPACK is slower than
+      torch's, so an n×n LU in elementwise steps beats it once the frames are large enough to carry the
+      steps' overhead (``benchmarks/section_forms.py --backends numpy``, one thread; the section's use,
+      block reflector ÷ compact WY, float32 / float64): GPT-2 small's 36 × St(768, 64) 0.63 / 0.94,
+      St(4096, 32) 0.58 / 0.70, St(2048, 64) 0.64 / 0.81, 64 × St(256, 16) 0.79 / 0.92; and below the rule
+      St(1024, 32) 1.11 / 1.12, St(512, 64) 1.42 / 1.46, 16 × St(128, 32) 1.51 / 1.70, the ViT's 336 ×
+      St(49, 7) 1.19 / 1.23, St(512, 128) 1.38 / 1.70;
     * ``"compact-wy"`` — everywhere else: its products are faster for single large frames (one
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
 
-    ``"block-reflector"`` (matrix products only) is never picked by default: on the CPU its n sequential
-    elimination steps cost more than LAPACK's QR (``benchmarks/section_forms.py``, one thread, float32:
-    the section's use 1.30× compact WY's at GPT-2 small's 432 × St(768, 64) on torch eager, 2.6× on the
-    ViT set, 5.5× on one St(1024, 64); jitted JAX 1.18×, 2.2× and 0.93×), and it has not yet been timed
-    on a GPU, for which it is made (``.ci/gpu`` times it).
+    Elsewhere the block reflector (made for accelerators) is not picked: on the CPU its n sequential
+    elimination steps cost more than torch's and XLA's QR (the section's use 1.30× compact WY's at GPT-2
+    small's 432 × St(768, 64) on torch eager, 2.6× on the ViT set, 5.5× on one St(1024, 64); jitted JAX
+    1.18×, 2.2× and 0.93×), and it has not yet been timed on a GPU (``.ci/gpu`` times it).
 
     On eager torch this also registers the traceable operators (:func:`torch_geqrf_op`,
     :func:`torch_packed_ops`), so that a later ``torch.compile`` of the same step finds them.
@@ -823,6 +840,8 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
             return "packed"
     if is_jax(xp) and batch < 8 and n >= 32 and N >= 16 * n:
         return "reconstructed"
+    if is_numpy(xp) and N >= 8 * n and batch * N * n >= 2**17:
+        return "block-reflector"
     return "compact-wy"
 
 

@@ -243,8 +243,8 @@ def householder_block_reflector(Y: Array) -> BlockReflector:
     lower trapezoidal reflectors and U upper triangular (:func:`householder_of_orthonormal`). With
     Q = I − V T Vᵀ and V = W U⁻¹, Q = I − W (U⁻¹ T U⁻ᵀ) Wᵀ, and Q·E·S = Y forces U⁻¹ T U⁻ᵀ =
     (I − Y₁ᵀS)⁻¹ = −S V₁⁻ᵀ U⁻ᵀ. So the section needs S and two n×n triangular inverses, from the
-    signed LU Y₁ − S = V₁U of the top block (:func:`_signed_lu`: elementwise steps, geqrf's signs,
-    pivots ≥ 1) and :func:`_triu_inverse_by_products` (⌈log₂ n⌉ doublings of two n×n products each).
+    signed LU Y₁ − S = V₁U of the top block (``_signed_lu``: elementwise steps, geqrf's signs,
+    pivots ≥ 1) and ``_triu_inverse_by_products`` (⌈log₂ n⌉ doublings of two n×n products each).
 
     Y's drift from orthonormality. M is then refined to the inverse of C = I − Y₁ᵀS + ½(YᵀY − I) by two
     Newton steps M ← M(2I − CM): C + Cᵀ = WᵀW for any Y, which makes Q orthogonal to rounding (to the
