@@ -788,29 +788,31 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
       cost grows with the number of frames as if they were applied one by one (measured on an H200 with
       this form: 336 × Stiefel(49, 7) batched took 20.2 ms per step captured in a CUDA graph, the ViT
       set as 369 separate leaves 20.6 ms, torch's Adam 0.18 ms);
-    * ``"reconstructed"`` — JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 16n): compact WY with the
-      reflectors rebuilt from Y's orthonormality by an n×n LU instead of XLA's QR (jitted, one thread:
-      the reconstruction takes 0.42× the QR's time at 4096×128, 0.72× at 1024×64, 0.89× at 256×32, but
-      2.0× at 512×128 and 1.5× for 8 × 256×32). A whole jitted Adam step (``benchmarks/section_forms.py
-      --whole-step``, one thread, three runs) with it takes 0.69–0.73× at 4096×128, 0.81–0.85× at
-      2048×128, 0.91–1.02× at 512×32 and 0.98–1.09× at 1024×64 (N = 16n and more), but 1.06–1.15× at
-      1024×128 and 1.11–1.14× at 512×64 (N = 8n), hence 16n;
-    * ``"block-reflector"`` — NumPy, tall frames (N ≥ 8n) with batch·N·n ≥ 2¹⁷ entries: Q = I − W M Wᵀ from
-      matrix products only. NumPy's QR runs in float64 whatever the input and its LAPACK is slower than
-      torch's, so an n×n LU in elementwise steps beats it once the frames are large enough to carry the
-      steps' overhead (``benchmarks/section_forms.py --backends numpy``, one thread; the section's use,
-      block reflector ÷ compact WY, float32 / float64): GPT-2 small's 36 × St(768, 64) 0.63 / 0.94,
-      St(4096, 32) 0.58 / 0.70, St(2048, 64) 0.64 / 0.81, 64 × St(256, 16) 0.79 / 0.92; and below the rule
-      St(1024, 32) 1.11 / 1.12, St(512, 64) 1.42 / 1.46, 16 × St(128, 32) 1.51 / 1.70, the ViT's 336 ×
-      St(49, 7) 1.19 / 1.23, St(512, 128) 1.38 / 1.70;
+    * ``"block-reflector"`` — Q = I − W M Wᵀ from matrix products only, an n×n LU in elementwise steps
+      instead of the N×n QR, where that is cheaper:
+
+      - NumPy, tall frames (N ≥ 8n) with batch·N·n ≥ 2¹⁷ entries. NumPy's QR runs in float64 whatever the
+        input and its LAPACK is slower than torch's (``benchmarks/section_forms.py --backends numpy``, one
+        thread; the section's use, block reflector ÷ compact WY, float32 / float64): GPT-2 small's
+        36 × St(768, 64) 0.59–0.63 / 0.94, St(4096, 128) 0.27–0.30, St(4096, 32) 0.58 / 0.70, St(2048, 64)
+        0.64 / 0.81, 64 × St(256, 16) 0.79 / 0.92; below the rule St(1024, 32) 1.11 / 1.12, St(512, 64)
+        1.42 / 1.46, 16 × St(128, 32) 1.51 / 1.70, the ViT's 336 × St(49, 7) 1.19–1.26 / 1.23, St(512, 128)
+        1.38 / 1.70;
+      - JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 16n) of N·n ≥ 2¹⁸ entries. A whole jitted Adam step
+        (``--whole-step``, one thread, two runs; Intel Xeon): 0.66–0.73× compact WY's at 4096×128 and
+        0.80–0.82× at 2048×128, where the reconstruction (``"reconstructed"``, this rule's choice before)
+        took 0.72–0.77× and 0.88–0.91×; below, 1.01–1.13× at 512×32 and 0.96–1.03× at 1024×64, the
+        reconstruction 1.06–1.09× and 1.05–1.11× (on an AMD EPYC it had taken 0.91–1.02× and 0.98–1.09×
+        there, 0.69–0.73× at 4096×128, and 1.06–1.15× at N = 8n), so those keep the QR;
     * ``"compact-wy"`` — everywhere else: its products are faster for single large frames (one
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
 
-    Elsewhere the block reflector (made for accelerators) is not picked: on the CPU its n sequential
-    elimination steps cost more than torch's and XLA's QR (the section's use 1.30× compact WY's at GPT-2
-    small's 432 × St(768, 64) on torch eager, 2.6× on the ViT set, 5.5× on one St(1024, 64); jitted JAX
-    1.18×, 2.2× and 0.93×), and it has not yet been timed on a GPU (``.ci/gpu`` times it).
+    torch never picks the block reflector (made for accelerators) by itself: on the CPU its n sequential
+    elimination steps cost more than LAPACK's QR (the section's use 1.10× compact WY's at GPT-2 small's 432 ×
+    St(768, 64) on torch eager, 1.9× on the ViT set, 4.5× on one St(1024, 64), 1.4× on one St(4096, 128)),
+    and it has not yet been timed on a GPU (``.ci/gpu`` times it). ``"reconstructed"`` (compact WY with the
+    reflectors rebuilt from Y's orthonormality by an n×n LU) stays available through :func:`set_section_form`.
 
     On eager torch this also registers the traceable operators (:func:`torch_geqrf_op`,
     :func:`torch_packed_ops`), so that a later ``torch.compile`` of the same step finds them.
@@ -838,8 +840,8 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
         traceable = not compiling or _TORCH_PACKED_OPS is not None
         if on_cpu and traceable and len(shape) >= 3 and batch >= 16 and n <= 32:
             return "packed"
-    if is_jax(xp) and batch < 8 and n >= 32 and N >= 16 * n:
-        return "reconstructed"
+    if is_jax(xp) and batch < 8 and n >= 32 and N >= 16 * n and N * n >= 2**18:
+        return "block-reflector"
     if is_numpy(xp) and N >= 8 * n and batch * N * n >= 2**17:
         return "block-reflector"
     return "compact-wy"
