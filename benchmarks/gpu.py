@@ -28,7 +28,11 @@ tables give the median per step and the ratio to fused Adam (torch) or optax (JA
 their error instead of a time.
 
     python benchmarks/gpu.py [--device cuda] [--sets vit vit-leaves 1024x64 4096x128 gpt2] [--rounds 30]
-        [--inner 10] [--no-compile | --compile-sets SET...] [--backends torch jax] [--json out.json]
+        [--inner 10] [--no-compile | --compile-sets SET...] [--backends torch jax]
+        [--section-form auto|block-reflector|…] [--json out.json]
+
+``--section-form block-reflector`` times the GEMM-only route of the Householder section (issue #52: no QR,
+LU or triangular solve in the step), against the default rule's form in a run without it.
 """
 
 from __future__ import annotations
@@ -268,10 +272,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--compile-sets", nargs="+", default=None, choices=ALL_SETS, help="torch.compile only these sets (default: all)"
     )
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matrix products (default: full float32)")
+    parser.add_argument(
+        "--section-form",
+        default="auto",
+        choices=list(geoarray._backend.SECTION_FORMS),
+        help="geoarray.set_section_form for geoarray's steps (block-reflector: the section from matrix products only)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.inner < 1:
         parser.error(f"--rounds and --inner must be at least 1, got {args.rounds} and {args.inner}")
+    previous_form = geoarray.set_section_form(args.section_form)
+    try:
+        return _run(args)
+    finally:
+        geoarray.set_section_form(previous_form)
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
     if args.compile_sets is None:
         args.compile_sets = args.sets
     rows: list[dict] = []
@@ -281,7 +299,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         _print(row)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"benchmark": "gpu", "machine": machine_info(), "tf32": args.tf32, "rows": rows}, f, indent=1)
+                out = {"benchmark": "gpu", "machine": machine_info(), "tf32": args.tf32, "rows": rows}
+                json.dump({**out, "section_form": args.section_form}, f, indent=1)
 
     if "torch" in args.backends:
         import torch

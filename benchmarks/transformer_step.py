@@ -26,7 +26,7 @@ optimizer's construction and ``--memory-steps`` steps: state and working set tog
     PYTHONPATH=src python benchmarks/transformer_step.py [--sets small medium large] [--layers L]
         [--layout stacks|leaves] [--backends torch numpy jax] [--steps 5] [--threads 1]
         [--memory-steps 3] [--no-memory] [--chunk-bytes B] [--drift-steps 10000] [--drift-frames 8]
-        [--json out.json]
+        [--section-form auto|compact-wy|reconstructed|packed|block-reflector] [--json out.json]
 
 ``--drift-steps``: the largest max|YᵀY − I| of ``geoarray.torch.Adam`` on ``--drift-frames`` frames of
 St(768, 64) in float32, sampled every 100 steps of fresh gradients (a frame's drift does not depend on
@@ -338,6 +338,7 @@ def memory_row(args: argparse.Namespace, backend: str, name: str, who: str) -> f
     cmd += ["--memory-steps", str(args.memory_steps), "--threads", str(args.threads)]
     cmd += [] if args.layers is None else ["--layers", str(args.layers)]
     cmd += [] if args.chunk_bytes is None else ["--chunk-bytes", str(args.chunk_bytes)]
+    cmd += ["--section-form", args.section_form]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     env.update(pinned_env(args.threads, env))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -411,10 +412,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--drift-steps", type=int, default=0, help="also: float32 drift over this many torch steps")
     parser.add_argument("--drift-frames", type=int, default=8, help="frames of St(768, 64) for --drift-steps")
+    parser.add_argument(
+        "--section-form",
+        default="auto",
+        choices=["auto", "compact-wy", "reconstructed", "packed", "block-reflector"],
+        help="geoarray.set_section_form for geoarray's steps (auto: the measured rule; block-reflector: matrix "
+        "products only)",
+    )
     add_timing_arguments(parser, steps=5)
     args = parse_timing_arguments(parser, argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
+    import geoarray
+
+    previous_form = geoarray.set_section_form(args.section_form)
+    try:
+        return _run(args)
+    finally:
+        geoarray.set_section_form(previous_form)
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
     if args.memory_of is not None:
         print(json.dumps(measure_memory(args)))
         return []

@@ -251,6 +251,21 @@ def test_gpu_benchmark_runs_on_the_cpu(bench_backend, tmp_path, capsys):
     assert "tiny" in capsys.readouterr().out
 
 
+def test_gpu_benchmark_takes_a_section_form(bench_backend, tmp_path):
+    """gpu.py --section-form block-reflector (the GEMM-only route, run by .ci/gpu's lease) times the step with
+    that form, records it, and restores the previous setting afterwards."""
+    if bench_backend == "numpy":
+        pytest.skip("gpu.py times torch and JAX; NumPy has no GPU")
+    import geoarray
+
+    path = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", "--backends", bench_backend, "--sets", "tiny", "--rounds", "1", "--inner", "1"]
+    load_benchmark("gpu").main([*argv, "--no-compile", "--section-form", "block-reflector", "--json", str(path)])
+    out = json.loads(path.read_text())
+    assert out["section_form"] == "block-reflector" and len(out["rows"]) == 1
+    assert geoarray.get_section_form() == "auto"
+
+
 @pytest.mark.parametrize("whole_step", [False, True], ids=["use", "whole-step"])
 def test_section_forms_on_the_cpu(bench_backend, tmp_path, capsys, whole_step):
     """section_forms.py times each Householder section form's use (build, λᵀG, λ applied), or a whole Adam
