@@ -182,12 +182,18 @@ def test_the_block_reflector_section_equals_the_compact_wy_section(xp, device, k
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: optim.Adam(lr=1e-2), lambda: optim.Momentum(lr=1e-2), lambda: optim.Adam(lr=1e-2, section="rotated")],
-    ids=["Adam", "Momentum", "Adam-rotated"],
+    [
+        lambda: optim.Adam(lr=1e-2),
+        lambda: optim.Momentum(lr=1e-2),
+        lambda: optim.Adam(lr=1e-2, section="rotated"),
+        lambda: optim.Adam(lr=1e-2, section="transported"),
+    ],
+    ids=["Adam", "Momentum", "Adam-rotated", "Adam-transported"],
 )
 def test_steps_on_the_route_equal_the_default_steps(xp, device, make):
     """Five optimizer steps on a Stiefel stack, a Grassmann point and a Euclidean leaf, with the block-reflector
-    section and with the backend's default form, agree to 1e-12 (float64): the same section, built otherwise."""
+    section and with the backend's default form, agree to 1e-12 (float64): the same section, built otherwise
+    (for "transported", the initial frame; "rotated" re-expresses the moments through both sections)."""
     mans = [Stiefel(24, 4), Grassmann(9, 2), geoarray.Euclidean()]
     params0 = [
         mans[0].random(0, xp=xp, batch_shape=(3,), device=device),

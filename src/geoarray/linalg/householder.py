@@ -253,7 +253,9 @@ def householder_block_reflector(Y: Array) -> BlockReflector:
     :func:`householder_qr`'s (the Q⊥ columns of ``Q``) to rounding, including the columns that geqrf
     leaves unreflected (τₖ = 0), whose reflection here only flips a column of Q that S flips back. A pivot
     of −0.0 counts as +0, as MKL's geqrf (torch's) takes it; OpenBLAS's LAPACK (NumPy's, JAX's) takes the
-    zero's sign, so for such frames (±eₖ columns) the two QRs' sections differ, each valid.
+    zero's sign, so for such frames (±eₖ columns) the two QRs' sections differ, each valid; so may a QR's and
+    this where a pivot lies within rounding of zero (the sign is then a coin that rounding tosses, as it is
+    between two QR implementations).
     Y must have orthonormal columns up to a drift of, say, 1e-3 (not checked: a check reads to the host).
     """
     xp = array_namespace(Y=Y)
