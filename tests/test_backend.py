@@ -481,8 +481,8 @@ def test_autodiff_gradients_and_jacobians_where_the_backend_has_them(backend, xp
 def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     """The backend × shape policy of the Householder section lives in _backend: packed reflectors for
     torch batches of ≥ 16 frames with n ≤ 32 on the CPU (eager or compiled: test_optim), the
-    block reflector for NumPy's tall frames of ≥ 2¹⁷ entries (N ≥ 8n) and JAX's few tall frames of ≥ 2¹⁸
-    entries (N ≥ 16n), the compact-WY form otherwise (each form is checked equal to the others in
+    block reflector for NumPy's tall frames of ≥ 2¹⁷ entries (N ≥ 8n) and JAX's tall frames of ≥ 2¹⁸ entries
+    (N ≥ 12n, 32 ≤ n ≤ 128), the compact-WY form otherwise (each form is checked equal to the others in
     test_manifolds and test_block_reflector)."""
     form = _backend.householder_section_form
     torch, jax, numpy = backend.kind == "torch", backend.kind == "jax", backend.kind == "numpy"
@@ -495,12 +495,13 @@ def test_householder_section_form_is_decided_by_backend_and_shape(backend, xp):
     assert form((15, 49, 7), xp) == "compact-wy"
     assert form((16, 96, 33), xp) == "compact-wy"
     assert form((4096, 128), xp) == ("block-reflector" if jax or numpy else "compact-wy")
-    assert form((8, 4096, 128), xp) == ("block-reflector" if numpy else "compact-wy")
+    assert form((8, 4096, 128), xp) == ("block-reflector" if numpy or jax else "compact-wy")
     assert form((512, 128), xp) == "compact-wy"  # N < 16n: the QR is as cheap or cheaper
     assert form((512, 64), xp) == "compact-wy"
     assert form((1024, 64), xp) == "compact-wy"  # JAX: below 2¹⁸ entries the QR is as cheap
     assert form((2048, 128), xp) == ("block-reflector" if jax or numpy else "compact-wy")
-    assert form((36, 768, 64), xp) == ("block-reflector" if numpy else "compact-wy")  # GPT-2 small's stack
+    assert form((36, 768, 64), xp) == ("block-reflector" if numpy or jax else "compact-wy")  # GPT-2 small's stack
+    assert form((2048, 256), xp) == ("block-reflector" if numpy else "compact-wy")  # JAX: n large
     assert form((336, 49, 7), xp) == ("packed" if torch else "compact-wy")  # n small: the QR is cheap
     assert form((1024, 32), xp) == "compact-wy"  # below 2¹⁷ entries: the LU's steps are not carried
     previous = geoarray.set_section_form("block-reflector")

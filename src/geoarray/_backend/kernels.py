@@ -798,12 +798,14 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
         0.64 / 0.81, 64 × St(256, 16) 0.79 / 0.92; below the rule St(1024, 32) 1.11 / 1.12, St(512, 64)
         1.42 / 1.46, 16 × St(128, 32) 1.51 / 1.70, the ViT's 336 × St(49, 7) 1.19–1.26 / 1.23, St(512, 128)
         1.38 / 1.70;
-      - JAX, fewer than 8 tall frames (n ≥ 32, N ≥ 16n) of N·n ≥ 2¹⁸ entries. A whole jitted Adam step
-        (``--whole-step``, one thread, two runs; Intel Xeon): 0.66–0.73× compact WY's at 4096×128 and
-        0.80–0.82× at 2048×128, where the reconstruction (``"reconstructed"``, this rule's choice before)
-        took 0.72–0.77× and 0.88–0.91×; below, 1.01–1.13× at 512×32 and 0.96–1.03× at 1024×64, the
-        reconstruction 1.06–1.09× and 1.05–1.11× (on an AMD EPYC it had taken 0.91–1.02× and 0.98–1.09×
-        there, 0.69–0.73× at 4096×128, and 1.06–1.15× at N = 8n), so those keep the QR;
+      - JAX, tall frames with 32 ≤ n ≤ 128 and N ≥ 12n, of batch·N·n ≥ 2¹⁸ entries. A whole jitted Adam
+        step (``--whole-step``, one thread, two runs; Intel Xeon): 0.66–0.73× compact WY's at 4096×128 and
+        0.80–0.82× at 2048×128, where the reconstruction (``"reconstructed"``, the rule's choice for few
+        frames before) took 0.72–0.77× and 0.88–0.91×; GPT-2 small's twelve stacks of 36 × St(768, 64)
+        (``transformer_step.py --backends jax --section-form``, three runs each, alternating) 695–718 ms
+        against 759–791 ms (0.88–0.95×; one group of all 432 frames 1.01×). Outside the rule: 1.01–1.13×
+        at 512×32 and 0.96–1.03× at 1024×64 (below 2¹⁸ entries), 1.35× at 2048×256 and 1.40× at 1536×192
+        (n large: n elimination steps and n³ work per frame), 1.73× for the ViT's use (n = 7);
     * ``"compact-wy"`` — everywhere else: its products are faster for single large frames (one
       1024×64 frame: ormqr 0.57 ms against 0.22 ms for the WY products), and it traces under
       ``torch.compile`` and ``jax.jit``.
@@ -840,7 +842,7 @@ def householder_section_form(shape: tuple[int, ...], xp: Any, device: Any = None
         traceable = not compiling or _TORCH_PACKED_OPS is not None
         if on_cpu and traceable and len(shape) >= 3 and batch >= 16 and n <= 32:
             return "packed"
-    if is_jax(xp) and batch < 8 and n >= 32 and N >= 16 * n and N * n >= 2**18:
+    if is_jax(xp) and 32 <= n <= 128 and N >= 12 * n and batch * N * n >= 2**18:
         return "block-reflector"
     if is_numpy(xp) and N >= 8 * n and batch * N * n >= 2**17:
         return "block-reflector"
