@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from geoarray import as_namespace, backend_name
+from geoarray import as_namespace, backend_name, set_section_form
+from geoarray._backend import SECTION_FORMS as SECTION_FORM_CHOICES  # noqa: F401  (--section-form choices)
+
+
+@contextlib.contextmanager
+def section_form(form: str) -> Iterator[None]:
+    """``geoarray.set_section_form(form)`` while inside, the previous setting restored after (a jitted step
+    keeps the form of its trace)."""
+    previous = set_section_form(form)
+    try:
+        yield
+    finally:
+        set_section_form(previous)
 
 
 def load_namespace(name: str) -> Any:

@@ -49,7 +49,7 @@ import optree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
-from _timing import cuda_sync_sites, format_sync_sites, machine_info
+from _timing import SECTION_FORM_CHOICES, cuda_sync_sites, format_sync_sites, machine_info, section_form
 
 import geoarray
 from geoarray import optim
@@ -275,18 +275,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--section-form",
         default="auto",
-        choices=list(geoarray._backend.SECTION_FORMS),
+        choices=SECTION_FORM_CHOICES,
         help="geoarray.set_section_form for geoarray's steps (block-reflector: the section from matrix products only)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.inner < 1:
         parser.error(f"--rounds and --inner must be at least 1, got {args.rounds} and {args.inner}")
-    previous_form = geoarray.set_section_form(args.section_form)
-    try:
+    with section_form(args.section_form):
         return _run(args)
-    finally:
-        geoarray.set_section_form(previous_form)
 
 
 def _run(args: argparse.Namespace) -> list[dict]:

@@ -39,7 +39,6 @@ the forms interleaved in alternating order, median per use; float32, TF32 off.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -48,7 +47,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
-from _timing import machine_info
+from _timing import machine_info, section_form
 from gpu import timed_rounds
 
 import geoarray
@@ -72,16 +71,6 @@ def use(section_of, Y, G):
     return lam.apply_blocks(-top, bottom)  # any pair of blocks; −top keeps the result from being G itself
 
 
-@contextlib.contextmanager
-def forced(form: str):
-    """``geoarray.set_section_form(form)`` while inside (a jitted step keeps the form of its trace)."""
-    previous = geoarray.set_section_form(form)
-    try:
-        yield
-    finally:
-        geoarray.set_section_form(previous)
-
-
 def whole_step(form: str, params, manifolds, grads, wrap):
     """(step, holder): ``geoarray.optim.Adam(lr=1e-3)``'s update with the section forced to ``form``;
     ``holder[0]`` is the current weight set. The first step (a jit's trace) runs here."""
@@ -90,7 +79,7 @@ def whole_step(form: str, params, manifolds, grads, wrap):
     holder = [params, opt.init(params, manifolds)]
 
     def step():
-        with forced(form):
+        with section_form(form):
             holder[0], holder[1] = update(holder[0], grads, holder[1])
 
     step()

@@ -47,7 +47,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import add_timing_arguments, block_leaves, interleaved_medians, machine_info, parse_timing_arguments
+from _timing import (
+    SECTION_FORM_CHOICES,
+    add_timing_arguments,
+    block_leaves,
+    interleaved_medians,
+    machine_info,
+    parse_timing_arguments,
+    section_form,
+)
 
 #: (d_model, heads, layers) of GPT-2's sizes; every head has a 64-dimensional query, key and value
 SETS = {"small": (768, 12, 12), "medium": (1024, 16, 24), "large": (1280, 20, 36), "tiny": (64, 2, 2)}
@@ -415,7 +423,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--section-form",
         default="auto",
-        choices=["auto", "compact-wy", "reconstructed", "packed", "block-reflector"],
+        choices=SECTION_FORM_CHOICES,
         help="geoarray.set_section_form for geoarray's steps (auto: the measured rule; block-reflector: matrix "
         "products only)",
     )
@@ -423,13 +431,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_timing_arguments(parser, argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
-    import geoarray
-
-    previous_form = geoarray.set_section_form(args.section_form)
-    try:
+    with section_form(args.section_form):
         return _run(args)
-    finally:
-        geoarray.set_section_form(previous_form)
 
 
 def _run(args: argparse.Namespace) -> list[dict]:
