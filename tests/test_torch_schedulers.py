@@ -320,6 +320,35 @@ def test_a_changed_rate_in_a_compiled_manifold_muon_step_lives_with_the_paramete
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert rate() == 1e-2 and isinstance(rate(), float)
     opt.param_groups[0]["lr"] = 1 / 3
+    rate.read(opt.param_groups[0])  # what the optimizer does before its next update of the core
     value = rate()
     assert isinstance(value, torch.Tensor) and value.device == device and value.dtype == torch.float64
     assert value.item() == 1 / 3
+
+
+def test_live_hyperparameters_flow_from_the_optimizer_to_the_core(torch, gt):
+    """The core never reads the param groups: the optimizer sets the core's live hyperparameters from the group
+    before each update. A value changed in the group reaches the core at the next ``step`` (not before), the
+    cells hold no reference to the optimizer (a deleted optimizer leaves its cores working with the last
+    values), and a live hyperparameter made outside a core's build is refused, naming where to make it."""
+    from geoarray.torch.param_groups import LiveHyperparameter, live
+
+    M = Stiefel(5, 2)
+    Y = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64), M)
+    opt = gt.Adam([Y], lr=1e-2, betas=(0.9, 0.99))
+    _grads(torch, [Y], 0)
+    opt.step()
+    cohort = opt._cohorts[0][0]
+    cells = {(c.key, c.index): c for c in cohort.cells}
+    assert {("lr", None), ("betas", 0), ("betas", 1), ("eps", None)} <= set(cells), sorted(cells, key=str)
+    assert all(isinstance(c, LiveHyperparameter) for c in cells.values())
+    opt.param_groups[0]["lr"] = 5e-2
+    opt.param_groups[0]["betas"] = (0.8, 0.99)
+    assert cells["lr", None]() == 1e-2 and cells["betas", 0]() == 0.9  # not read by the core between steps
+    _grads(torch, [Y], 1)
+    opt.step()
+    assert opt._cohorts[0][0].core is cohort.core  # the same core: live keys build none
+    assert cells["lr", None]() == 5e-2 and cells["betas", 0]() == 0.8
+    assert not any(torch.optim.Optimizer in type(r).__mro__ for c in cells.values() for r in vars(c).values())
+    with pytest.raises(RuntimeError, match="inside a Recipe's build"):
+        live(opt, opt.param_groups[0], "lr")

@@ -60,6 +60,9 @@ class Cohort:
     # True from load_state_dict until the first eager step has checked that the weights lie near their
     # manifolds (Optimizer._check_restored): restoring skips the check of a fresh cohort
     restored: bool = False
+    # the core's live hyperparameters (geoarray.torch.param_groups.live): set from the group before every
+    # update of the core, which reads them and never the group
+    cells: tuple = ()
 
     def entry(self) -> dict:
         """This cohort's entry in a state_dict (module docstring)."""

@@ -18,7 +18,16 @@ import torch
 from .. import optim as _optim
 from ..optim.riemannian import RiemannianOptimizer
 from .optimizer import Optimizer, Recipe
-from .param_groups import BOOKKEEPING, LiveHyperparameter, core_options, group_core_options, live, scaled
+from .param_groups import (
+    BOOKKEEPING,
+    LiveHyperparameter,
+    core_options,
+    group_core_options,
+    is_group_of,
+    live,
+    register,
+    scaled,
+)
 
 __all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]
 
@@ -275,8 +284,8 @@ class _Rate(LiveHyperparameter):
     picked on the device (``stiefel_spectral_step``), so that new rates compile nothing again. A tensor
     ``lr`` is passed as it is."""
 
-    def __init__(self, optimizer: Any, group_index: int, built: float, params: list):
-        super().__init__(optimizer, group_index)
+    def __init__(self, built: float, params: list):
+        super().__init__("lr")
         self.built = built
         # a changed rate is made where the parameters live (a CPU input would keep a CUDA step out of CUDA
         # graphs, mode="reduce-overhead"), in the widest of their dtypes (float64 is not on every device)
@@ -285,12 +294,11 @@ class _Rate(LiveHyperparameter):
 
     @classmethod
     def of(cls, optimizer: Any, group: dict) -> Any:
-        rate = live(optimizer, group)
-        if not isinstance(rate, LiveHyperparameter):
-            return rate  # the probe core of a group being added: its constant rate
-        value = rate()
+        if not is_group_of(optimizer, group):
+            return live(optimizer, group)  # the probe core of a group being added: its constant rate
+        value = group["lr"]
         built = value.item() if isinstance(value, torch.Tensor) else float(value)
-        return cls(optimizer, rate._group_index, built, group["params"])
+        return register(optimizer, group, cls(built, group["params"]))
 
     def __call__(self, t: Any = None) -> Any:
         value = super().__call__(t)

@@ -113,6 +113,7 @@ from .param_groups import (
     check_capturable,
     check_lr,
     core_lr,
+    is_group_of,
     scaled,
 )
 from .parameter import _tolerance, check_manifold_tensor, manifold_of, project_
@@ -330,32 +331,40 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- groups ------------------------------------------------------------------------------------
 
-    def _make_core(self, group: dict, group_index: int) -> Core:
+    def _make_core(self, group: dict, group_index: int) -> tuple[Core, tuple[LiveHyperparameter, ...]]:
+        """The group's core, and the live hyperparameters its build made (:func:`~geoarray.torch.param_groups.live`),
+        which :meth:`_step` sets from the group before every update of that core."""
         recipe = self._recipe
-        if recipe is not None:
-            if recipe.check is not None:
-                recipe.check(group, "new", type(self).__name__)
-            core = recipe.build(self, group)
-        else:
-            core = self._factory(group)
+        cells: list[LiveHyperparameter] = []
+        self.__dict__["_building_cells"] = cells  # live() hands its cells here (param_groups.register)
+        try:
+            if recipe is not None:
+                if recipe.check is not None:
+                    recipe.check(group, "new", type(self).__name__)
+                core = recipe.build(self, group)
+            else:
+                core = self._factory(group)
+        finally:
+            del self.__dict__["_building_cells"]
         if not isinstance(core, _optim.OPTIMIZER_TYPES):
             raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
         if recipe is not None:
-            return core
+            return core, tuple(cells)
         if type(core).update is not RiemannianOptimizer.update:
             self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
-            return core
+            return core, tuple(cells)
         # a core with RiemannianOptimizer's update is one (ManifoldMuon and partitions have their own)
         core = cast(RiemannianOptimizer, core)
-        gi = next((i for i, g in enumerate(self.param_groups) if g is group), None)
-        if gi is None:
-            return core  # the probe core of a group being added
+        if not is_group_of(self, group):
+            return core, tuple(cells)  # the probe core of a group being added
         reference = self._lr_reference
         if reference is None:
             reference = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else float(group["lr"])
+        rate = LiveHyperparameter(reference=reference)
+        rate.read(group)
         with_lr = copy.copy(core)
-        with_lr.transform = scaled(core.transform, LiveHyperparameter(self, gi, reference=reference))
-        return with_lr
+        with_lr.transform = scaled(core.transform, rate)
+        return with_lr, (*cells, rate)
 
     def _live_keys(self) -> tuple[str, ...]:
         """Hyperparameters read at every step (their changes need no new core)."""
@@ -477,7 +486,7 @@ class Optimizer(torch.optim.Optimizer):
             p.detach() if m is None or not restoring else probe_point(m, p)
             for p, m in zip(tensors, manifolds, strict=True)
         ]
-        core = self._make_core(group, gi)
+        core, cells = self._make_core(group, gi)
         fresh = core.init(leaves, manifolds)
         return Cohort(
             indices,
@@ -486,6 +495,7 @@ class Optimizer(torch.optim.Optimizer):
             fresh,
             None,
             tuple((p.dtype, p.device) for p in params),
+            cells=cells,
         )
 
     def _plan(self, group: dict, gi: int) -> list[Cohort | tuple[int, ...]]:
@@ -644,6 +654,8 @@ class Optimizer(torch.optim.Optimizer):
             # then writes a step it takes in pieces into the parameters and the state (RiemannianOptimizer.update)
             donate = self._recipe is not None and not compiling and skip is None and sharded is None and not together
             extra = {"donate": True} if donate else {}
+            for cell in cohort.cells:  # the group's values at this step: the core reads these, not the group
+                cell.read(group)
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False, **extra)
             if skip is not None:
                 if itself:
@@ -734,7 +746,7 @@ class Optimizer(torch.optim.Optimizer):
             # a new rate, as a scheduler sets at every step (or another argument of geoarray's own cores that
             # is in no state): the state keeps its structure. The check below builds a fresh state on random
             # points (ManifoldMuon on the ViT weights: +2.9 ms per step, a third of the step)
-            cohort.core, cohort.key = self._make_core(group, gi), key
+            (cohort.core, cohort.cells), cohort.key = self._make_core(group, gi), key
             return cohort
         fresh = self._new_cohort(group, gi, cohort.indices, restoring=True)
         if optree.tree_structure(fresh.state) != optree.tree_structure(cohort.state):
@@ -743,7 +755,7 @@ class Optimizer(torch.optim.Optimizer):
                 f"({optree.tree_structure(cohort.state)} → {optree.tree_structure(fresh.state)}); create a new "
                 "optimizer instead"
             )
-        cohort.core, cohort.key = fresh.core, key
+        cohort.core, cohort.cells, cohort.key = fresh.core, fresh.cells, key
         return cohort
 
     # -- copies and pickles --------------------------------------------------------------------------
@@ -752,8 +764,7 @@ class Optimizer(torch.optim.Optimizer):
     _CARRIED = ("_recipe", "_known", "_lr_reference", "_lr_rebuilds", "_stabilize_counts")
 
     def __getstate__(self) -> dict:
-        # the cores are rebuilt on the next step (their learning rate reads this optimizer's groups);
-        # the states travel with the copy
+        # the cores (and their live hyperparameters) are rebuilt on the next step; the states travel with the copy
         state = super().__getstate__()
         state["state"] = {}  # the view (opt.state) is rebuilt from the cohorts
         state["_cohorts"] = [

@@ -4,13 +4,13 @@ A param group is a dict of hyperparameters. Some of its keys are the core's opti
 (:data:`CORE_OPTIONS`), some are torch's bookkeeping (:data:`BOOKKEEPING`: the parameters, their names,
 and what LR schedulers add), the rest are the method's hyperparameters. Those read at every step
 (``lr``, and for the torch-convention optimizers ``betas``, ``eps``, …) reach the core through a
-:class:`LiveHyperparameter`, so a scheduler's change needs no new core; a change of any other key
-builds a new core that keeps the state (:class:`geoarray.torch.Optimizer`).
+:class:`LiveHyperparameter`, which the optimizer sets from the group before every update (the core never
+reads the group), so a scheduler's change needs no new core; a change of any other key builds a new core
+that keeps the state (:class:`geoarray.torch.Optimizer`).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +30,10 @@ __all__ = [
     "core_lr",
     "core_options",
     "group_core_options",
+    "is_group_of",
     "live",
     "live_or_zero",
+    "register",
     "scaled",
 ]
 
@@ -81,14 +83,14 @@ def group_core_options(group: dict) -> dict:
 
 
 def live(optimizer: Any, group: dict, key: str = "lr", index: int | None = None) -> Any:
-    """``group[key]`` (or ``group[key][index]``) for a core, read at every step: a :class:`LiveHyperparameter`
-    of the optimizer's group. While a group is being added it has no index yet, and its constant value builds
-    the probe core (:class:`geoarray.torch.Recipe`'s ``build`` reads its live keys through this)."""
-    for gi, g in enumerate(optimizer.param_groups):
-        if g is group:
-            return LiveHyperparameter(optimizer, gi, key, index)
-    value = group[key] if index is None else group[key][index]
-    return value.item() if isinstance(value, torch.Tensor) else float(value)
+    """``group[key]`` (or ``group[key][index]``) for a core, as the group holds it at every step: a
+    :class:`LiveHyperparameter` that :class:`geoarray.torch.Optimizer` sets from the group before each update
+    of the core. Called by a :class:`geoarray.torch.Recipe`'s ``build``. While a group is being added it is
+    not one of the optimizer's groups yet, and its constant value builds the probe core."""
+    if not is_group_of(optimizer, group):
+        value = group[key] if index is None else group[key][index]
+        return value.item() if isinstance(value, torch.Tensor) else float(value)
+    return register(optimizer, group, LiveHyperparameter(key, index))
 
 
 def live_or_zero(optimizer: Any, group: dict, key: str, index: int | None = None) -> Any:
@@ -99,10 +101,34 @@ def live_or_zero(optimizer: Any, group: dict, key: str, index: int | None = None
     return live(optimizer, group, key, index)
 
 
+def is_group_of(optimizer: Any, group: dict) -> bool:
+    """Whether ``group`` is one of ``optimizer.param_groups`` (the dict itself, not an equal one)."""
+    return any(g is group for g in optimizer.param_groups)
+
+
+def register(optimizer: Any, group: dict, cell: LiveHyperparameter) -> LiveHyperparameter:
+    """``cell``, set from ``group`` now and handed to the optimizer, which sets it again before every update of
+    the core being built (:meth:`geoarray.torch.Optimizer._make_core` collects the cells of one build)."""
+    cells = optimizer.__dict__.get("_building_cells")
+    if cells is None:
+        raise RuntimeError(
+            f"a live hyperparameter ({cell.key!r}) was made outside the build of a core: call "
+            "geoarray.torch.param_groups.live(optimizer, group, ...) inside a Recipe's build function, which "
+            "geoarray.torch.Optimizer calls while it builds a param group's core"
+        )
+    cell.read(group)
+    cells.append(cell)
+    return cell
+
+
 class LiveHyperparameter:
-    """A hyperparameter read from the param group at every step — by default ``lr``, so that torch's LR
+    """A hyperparameter of a param group as it is at every step — by default ``lr``, so that torch's LR
     schedulers (which write ``group["lr"]``) drive the core without rebuilding it. It is a callable of
     the step, as the core's schedules are.
+
+    The value flows one way: :class:`geoarray.torch.Optimizer` reads the group and sets the cell
+    (:meth:`read`) before it calls the core's update, and the core calls the cell; nothing in the core reads
+    the optimizer or its param groups.
 
     ``key``/``index`` read another hyperparameter the same way (``group["betas"][0]``: OneCycleLR's
     momentum cycling); ``reference`` divides the value (a factor relative to the rate a core was built
@@ -114,18 +140,18 @@ class LiveHyperparameter:
     it as an input (no recompilation at a new rate). Other tensor hyperparameters are read with ``.item()``.
     """
 
-    def __init__(self, optimizer: Any, group_index: int, key: str = "lr", index: int | None = None,
-                 reference: float = 1.0):  # fmt: skip
-        # weak: the core holding this reader must not keep its optimizer alive
-        self._optimizer = weakref.ref(optimizer)
-        self._group_index = group_index
+    def __init__(self, key: str = "lr", index: int | None = None, reference: float = 1.0):
         self.key, self.index, self.reference = key, index, reference
+        self.value: Any = None
+
+    def read(self, group: dict) -> None:
+        """Take the group's value of this hyperparameter (the optimizer calls this before every update)."""
+        self.value = group[self.key]
 
     def __call__(self, t: Any = None) -> Any:
-        optimizer = self._optimizer()
-        if optimizer is None:
-            raise RuntimeError(f"the optimizer whose param group {self._group_index} held {self.key!r} was deleted")
-        value = optimizer.param_groups[self._group_index][self.key]
+        value = self.value
+        if value is None:
+            raise RuntimeError(f"the live hyperparameter {self.key!r} was called before its optimizer set it")
         if self.index is not None:
             value = value[self.index]
         if isinstance(value, torch.Tensor) and self.key != "lr":
