@@ -16,6 +16,12 @@ numpy    ``geoarray.optim.Adam().update(..., donate=True)``           Adam writt
 jax      ``jax.jit(opt.update, donate_argnums=(0, 2))``               ``optax.adam`` under ``jax.jit``, donated
 =======  ==========================================================  ==============================================
 
+``--optimizer ManifoldMuon`` (torch): ``geoarray.torch.ManifoldMuon`` (manifold Muon, its default dual
+iterations and retraction) against ``torch.optim.Muon``, which takes 2-D parameters only and so holds one
+(d_model, 64) tensor per frame whatever the layout (its Newton–Schulz steps run frame by frame either way);
+both at torch's defaults otherwise (momentum 0.95, Nesterov), ``torch.optim.Muon`` without weight decay
+(geoarray's has none).
+
 Time: one process, the contenders' steps interleaved (``_timing.interleaved_medians``), median of
 ``--steps`` after warm-up steps, on ``--threads`` threads. Memory: every contender in a fresh process of
 its own (this script with ``--memory-of``): the growth of the peak resident set (``VmHWM``, reset before
@@ -24,7 +30,7 @@ optimizer's construction and ``--memory-steps`` steps: state and working set tog
 ``torch.optim.Adam``'s two moments count in its figure.
 
     PYTHONPATH=src python benchmarks/transformer_step.py [--sets small medium large] [--layers L]
-        [--layout stacks|leaves] [--backends torch numpy jax] [--steps 5] [--threads 1]
+        [--layout stacks|leaves] [--backends torch numpy jax] [--optimizer Adam|ManifoldMuon] [--steps 5] [--threads 1]
         [--memory-steps 3] [--no-memory] [--chunk-bytes B] [--drift-steps 10000] [--drift-frames 8]
         [--section-form auto|compact-wy|reconstructed|packed|block-reflector] [--json out.json]
 
@@ -62,6 +68,34 @@ SETS = {"small": (768, 12, 12), "medium": (1024, 16, 24), "large": (1280, 20, 36
 HEAD = 64
 LR = 1e-3
 BACKENDS = ("torch", "numpy", "jax")
+OPTIMIZERS = ("Adam", "ManifoldMuon")
+
+
+def torch_ours(optimizer: str, params: list, kw: dict) -> Any:
+    """geoarray's torch optimizer ``optimizer`` on ``params`` (ManifoldParameters)."""
+    import geoarray.torch as gt
+
+    return gt.Adam(params, lr=LR, **kw) if optimizer == "Adam" else gt.ManifoldMuon(params, lr=LR, **kw)
+
+
+def torch_baseline(optimizer: str, params: list) -> Any:
+    """torch's own optimizer for ``optimizer`` on plain ``params``: ``torch.optim.Adam(foreach=True)``, or
+    ``torch.optim.Muon`` on one 2-D parameter per frame (it refuses 3-D ones): the frames of a stack are then
+    new leaf parameters carrying the frames of its gradient."""
+    import torch
+
+    if optimizer == "Adam":
+        return torch.optim.Adam(params, lr=LR, foreach=True)
+    frames = []
+    for q in params:
+        if q.ndim == 2:
+            frames.append(q)
+            continue
+        for k in range(q.shape[0]):
+            f = torch.nn.Parameter(q.detach()[k].clone())
+            f.grad = None if q.grad is None else q.grad[k].clone()
+            frames.append(f)
+    return torch.optim.Muon(frames, lr=LR, weight_decay=0.0)
 
 
 def shapes(name: str, layers: int | None, layout: str) -> tuple[int, list[tuple[int, ...]]]:
@@ -99,8 +133,10 @@ def build(backend: str, name: str, layers: int | None, layout: str) -> tuple[Any
     return M, points, grads, xp
 
 
-def contenders(backend: str, name: str, layers: int | None, layout: str, chunk_bytes: int | None) -> dict:
-    """``{name: step}`` for geoarray's Adam and the baseline, each on its own copy of the weights."""
+def contenders(
+    backend: str, name: str, layers: int | None, layout: str, chunk_bytes: int | None, optimizer: str = "Adam"
+) -> dict:
+    """``{name: step}`` for geoarray's optimizer and the baseline, each on its own copy of the weights."""
     import geoarray
     from geoarray import optim
 
@@ -115,8 +151,9 @@ def contenders(backend: str, name: str, layers: int | None, layout: str, chunk_b
         theirs = [torch.nn.Parameter(Y.clone()) for Y in points]
         for p, q, G in zip(ours, theirs, grads, strict=True):
             p.grad, q.grad = G.clone(), G.clone()
-        opt_ours = gt.Adam(ours, lr=LR, **kw)
-        opt_theirs = torch.optim.Adam(theirs, lr=LR, foreach=True)
+        opt_ours, opt_theirs = torch_ours(optimizer, ours, kw), torch_baseline(optimizer, theirs)
+        if optimizer != "Adam":
+            return {"geoarray": opt_ours.step, "adam": opt_theirs.step}
         # the kernels' floor (issue #52): per layer's stack of frames one Householder QR (geqrf) and six
         # (N×n)·(n×n) products, the least a section, a lift and a retraction of every frame take
         heads = 3 * SETS[name][1]
@@ -254,13 +291,15 @@ def measure_memory(args: argparse.Namespace) -> dict:
         for p, G in zip(params, grads, strict=True):
             p.grad = G
         del points
+        if who != "geoarray":  # built now: torch's Muon copies the frames of stacks into parameters of their own
+            baseline = torch_baseline(args.optimizer, params)
     if backend == "jax":  # compiled first, from shapes alone: XLA's compiler memory is not the step's
         steps = jax_memory_step(who, M, points, grads, kw)
     with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:  # resets VmHWM to the current RSS
         fh.write("5")
     base = _rss_kib("VmRSS")
     if backend == "torch":
-        opt = gt.Adam(params, lr=LR, **kw) if who == "geoarray" else torch.optim.Adam(params, lr=LR, foreach=True)
+        opt = torch_ours(args.optimizer, params, kw) if who == "geoarray" else baseline
         for _ in range(args.memory_steps):
             opt.step()
     elif backend == "numpy":
@@ -343,7 +382,7 @@ def memory_row(args: argparse.Namespace, backend: str, name: str, who: str) -> f
     if not Path("/proc/self/clear_refs").exists():
         return None
     cmd = [sys.executable, __file__, "--memory-of", f"{backend}:{who}", "--sets", name, "--layout", args.layout]
-    cmd += ["--memory-steps", str(args.memory_steps), "--threads", str(args.threads)]
+    cmd += ["--memory-steps", str(args.memory_steps), "--threads", str(args.threads), "--optimizer", args.optimizer]
     cmd += [] if args.layers is None else ["--layers", str(args.layers)]
     cmd += [] if args.chunk_bytes is None else ["--chunk-bytes", str(args.chunk_bytes)]
     cmd += ["--section-form", args.section_form]
@@ -359,13 +398,14 @@ def bench(args: argparse.Namespace, backend: str, name: str) -> dict:
     _, leaf_shapes = shapes(name, args.layers, args.layout)
     n_params = sum(math.prod(s) for s in leaf_shapes)
     start = time.perf_counter()
-    fns = contenders(backend, name, args.layers, args.layout, args.chunk_bytes)
+    fns = contenders(backend, name, args.layers, args.layout, args.chunk_bytes, args.optimizer)
     setup = time.perf_counter() - start
     med = interleaved_medians(fns, args.steps, warmup=2)
     row = {
         "set": name,
         "layout": args.layout,
         "backend": backend,
+        "optimizer": args.optimizer,
         "frames": sum(math.prod(s[:-2]) for s in leaf_shapes),
         "params_m": n_params / 1e6,
         "geoarray_ms": 1e3 * med["geoarray"],
@@ -414,6 +454,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--layers", type=int, default=None, help="take only the first L layers of each set")
     parser.add_argument("--layout", choices=["stacks", "leaves"], default="stacks")
     parser.add_argument("--backends", nargs="+", default=["torch"], choices=list(BACKENDS))
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="Adam",
+        help="Adam: geoarray's against the backend's Euclidean Adam; ManifoldMuon (torch only): "
+        "geoarray.torch.ManifoldMuon against torch.optim.Muon",
+    )
     parser.add_argument("--memory-steps", type=int, default=3)
     parser.add_argument("--no-memory", action="store_true", help="time only")
     parser.add_argument("--chunk-bytes", type=int, default=None, help="geoarray's chunk_bytes (0: whole groups)")
@@ -431,6 +478,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_timing_arguments(parser, argv)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers must be at least 1, got {args.layers}")
+    if args.optimizer != "Adam" and set(args.backends) != {"torch"}:
+        parser.error(f"--optimizer {args.optimizer} runs on torch only (against torch.optim.Muon): --backends torch")
     with section_form(args.section_form):
         return _run(args)
 
@@ -445,7 +494,8 @@ def _run(args: argparse.Namespace) -> list[dict]:
         torch.set_num_threads(args.threads)
     rows = []
     print(
-        f"{'set':7} {'layout':6} {'backend':7} {'frames':>6} {'M params':>8} {'geoarray ms':>11} {'Adam ms':>8} "
+        f"{'set':7} {'layout':6} {'backend':7} {'frames':>6} {'M params':>8} {'geoarray ms':>11} "
+        f"{'Adam ms' if args.optimizer == 'Adam' else 'Muon ms':>8} "
         f"{'ratio':>6} {'ms/M':>6} {'geoarray MiB':>12} {'Adam MiB':>8} {'mem ratio':>9} {'floor ms':>8} {'÷ floor':>7}"
     )
     for name in args.sets:

@@ -399,3 +399,23 @@ def test_transformer_step_json(bench_backend, tmp_path):
     if bench_backend == "numpy":
         for key in ("geoarray_mib", "adam_mib"):
             assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] >= 0, (key, row[key])
+
+
+def test_transformer_step_manifold_muon_against_torchs_muon(bench_backend, tmp_path):
+    """``--optimizer ManifoldMuon``: geoarray.torch.ManifoldMuon against torch.optim.Muon (one 2-D parameter per
+    frame) at the tiny size, both steps positive and finite, the row naming the optimizer, with the memory
+    columns (two fresh processes: once, in the torch session); elsewhere the option is refused with the fix."""
+    module = load_benchmark("transformer_step")
+    argv = ["--sets", "tiny", "--optimizer", "ManifoldMuon", "--steps", "1", "--threads", "1", "--memory-steps", "1"]
+    if bench_backend != "torch":
+        with pytest.raises(SystemExit) as exc:
+            module.main([*argv, "--backends", bench_backend])
+        assert exc.value.code == 2
+        return
+    path = tmp_path / "muon.json"
+    module.main([*argv, "--backends", "torch", "--json", str(path)])
+    (row,) = json.loads(path.read_text())["rows"]
+    assert (row["set"], row["optimizer"], row["frames"]) == ("tiny", "ManifoldMuon", 12)
+    for key in ("geoarray_ms", "adam_ms", "ratio", "geoarray_mib", "adam_mib"):
+        _positive_finite(row[key], key)
+    assert "floor_ms" not in row  # the QR-and-products floor is Adam's
