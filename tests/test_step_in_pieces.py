@@ -15,6 +15,12 @@ JAX, whose arrays are immutable: there the step is the whole one, checked too):
   donated arrays and returns those very arrays for the cut groups;
 * a non-finite gradient skips the step before anything is written, donated or not;
 * a bad ``chunk_bytes`` is a ``ValueError`` naming it.
+
+:class:`~geoarray.optim.ManifoldMuon` takes its Stiefel and Grassmann groups in the same pieces (momentum,
+dual ascent, retraction and dual per piece): its parameters, buffers and duals equal the whole step's to
+1e-12, donated or not, and ``donate=True`` writes them into the donated arrays; a non-finite gradient skips
+before anything is written; through geoarray.torch its default (4 MiB) cuts a stack of GPT-2-sized frames and
+the parameters keep their storage.
 """
 
 from __future__ import annotations
@@ -260,3 +266,87 @@ def test_geoarray_torch_steps_in_pieces_in_place(gt, torch, monkeypatch):
     assert fresh.param_groups[0]["chunk_bytes"] == "default"
     with pytest.raises(ValueError, match="chunk_bytes must be a positive int"):
         gt.Adam(params, chunk_bytes=0)
+
+
+def _muon_tree(xp, device):
+    """_tree without its transported-section leaf (ManifoldMuon has no sections): Stiefel stacks, a leaf of
+    batch (3, 2), a Grassmann leaf and a Euclidean matrix."""
+    params, mans = _tree(xp, device)
+    for key in ("moving",):
+        del params[key], mans[key]
+    params["w"], mans["w"] = params["w"][0], None  # Muon takes matrices only
+    return params, mans
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["pure", "donated"])
+def test_manifold_muon_in_pieces_equals_the_whole_step(xp, device, backend, donate):
+    params, mans = _muon_tree(xp, device)
+    whole, cut = optim.ManifoldMuon(lr=0.05, chunk_bytes=None), optim.ManifoldMuon(lr=0.05, chunk_bytes=SMALL)
+    sw, sc = whole.init(params, mans), cut.init(_copy(params, xp), mans)
+    cuts = cut._pieces(sc.layout, optree.tree_leaves(params), xp)
+    if _backend.writable(xp):  # stack 4 pieces, deep 3, Grassmann 2, the Euclidean matrix whole
+        assert sorted(len(c) for c in cuts) == [1, 2, 3, 4], cuts
+    else:  # JAX: immutable arrays, the whole step
+        assert backend.kind == "jax" and all(c == [None] for c in cuts)
+    pw, pc = params, _copy(params, xp)
+    for k in range(3):
+        g = _grads(params, k)
+        pw, sw = whole.update(pw, g, sw)
+        pc, sc = cut.update(pc, g, sc, donate=donate)
+    assert optree.tree_structure(sw) == optree.tree_structure(sc)
+    for a, b in zip(_host((pw, sw)), _host((pc, sc)), strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=TOL)
+    assert int(sc.step) == 3 and int(sc.skipped) == 0
+
+
+def test_manifold_muon_donated_pieces_are_written_in_place_and_a_nonfinite_step_writes_nothing(xp, device):
+    if not _backend.writable(xp):
+        pytest.skip("JAX arrays are immutable: donate=True changes nothing there (jax.jit donates instead)")
+    params, mans = _muon_tree(xp, device)
+    opt = optim.ManifoldMuon(lr=0.05, chunk_bytes=SMALL)
+    state = opt.init(params, mans)
+    g_stack = next(g for g, grp in enumerate(state.layout.groups) if len(grp.indices) == 4)
+    buf, dual, stack = state.buffers[g_stack], state.duals[g_stack], params["stack"]
+    new, state2 = opt.update(params, _grads(params, 0), state, donate=True)
+    assert all(a is b for a, b in zip(new["stack"], stack, strict=True))  # the donated leaves themselves
+    assert state2.buffers[g_stack] is buf and state2.duals[g_stack] is dual
+    assert float(xp.max(xp.abs(buf))) > 0
+    before = _host((new, state2))
+    g = _grads(new, 1)
+    g["stack"][3] = g["stack"][3] * float("nan")
+    with pytest.warns(optim.NonFiniteGradientWarning):
+        new2, state3 = opt.update(new, g, state2, donate=True)
+    after = _host((new2, state3._replace(skipped=state2.skipped)))
+    for a, b in zip(before, after, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(state3.skipped) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -8, 1.5, True, "auto"])
+def test_manifold_muon_refuses_a_bad_chunk_bytes(bad):
+    with pytest.raises(ValueError, match="chunk_bytes must be a positive int"):
+        optim.ManifoldMuon(chunk_bytes=bad)
+
+
+def test_geoarray_torch_manifold_muon_steps_a_stack_in_pieces_in_place(gt, torch):
+    """gt.ManifoldMuon's groups carry ``chunk_bytes`` (default :data:`geoarray.optim.manifold_muon.DEFAULT_CHUNK_BYTES`):
+    on a stack larger than that (18 frames of St(768, 64) in float32, 3.4 MiB, against a 1 MiB budget) it
+    steps in pieces, in place (the parameter keeps its storage), and equals the whole step to 1e-5 (float32)."""
+    from geoarray.optim.manifold_muon import DEFAULT_CHUNK_BYTES
+
+    S = Stiefel(768, 64)
+    start = S.random(0, xp=torch, batch_shape=(18,), dtype=torch.float32)
+    grad = 0.01 * torch.randn(start.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float32)
+    out = {}
+    for chunk_bytes in (None, 2**20):
+        p = gt.ManifoldParameter(start.clone(), S)
+        opt = gt.ManifoldMuon([p], lr=0.01, chunk_bytes=chunk_bytes)
+        ptr = p.data_ptr()
+        for _ in range(2):
+            p.grad = grad.clone()
+            opt.step()
+        assert p.data_ptr() == ptr
+        out[chunk_bytes] = p.detach()
+    assert gt.ManifoldMuon([gt.ManifoldParameter(start.clone(), S)]).param_groups[0]["chunk_bytes"] == "default"
+    assert DEFAULT_CHUNK_BYTES == 4 * 2**20
+    assert float((out[None] - out[2**20]).abs().max()) < 1e-5

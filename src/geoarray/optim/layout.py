@@ -51,6 +51,7 @@ __all__ = [
     "declared_paths",
     "flatten_manifolds",
     "flatten_params",
+    "frame_pieces",
     "half_dtype",
     "inputs",
     "is_manifold_leaf",
@@ -66,7 +67,9 @@ __all__ = [
     "per_leaf",
     "per_leaf_fields",
     "per_unit",
+    "piece_of",
     "unpack",
+    "write_piece",
 ]
 
 from .._typing import Array
@@ -251,6 +254,61 @@ def unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> No
         parts = _backend.split(packed, [math.prod(shapes[i]) for i in group.indices], xp)
         for i, part in zip(group.indices, parts, strict=True):
             out[i] = xp.reshape(part, shapes[i])
+
+
+def frame_pieces(group: Group, shapes: tuple, leaves: list, budget: int) -> list:
+    """The pieces in which an eager step may take a group of frames larger than ``budget`` bytes of points,
+    one after the other: ``[None]`` for the whole group; else whole stacked leaves while two fit the budget
+    (``(slice,)`` along the packed leading axis), else rows of each leaf's leading axis (``(k, slice)``: rows
+    of the k-th stacked leaf, or ``(slice,)`` of a single leaf); at least one row a piece (a single frame
+    larger than the budget is one piece). Every index also cuts the group's packed arrays (``a[(*index,
+    ...)]``), so a piece of a state field is that field's rows."""
+    shape = shapes[group.indices[0]]
+    first = leaves[group.indices[0]]
+    leaf_bytes = math.prod(shape) * (array_namespace(first).finfo(first.dtype).bits // 8)
+    count = len(group.indices)
+    if leaf_bytes * count <= budget or leaf_bytes == 0:
+        return [None]
+    batch = shape[:-2]
+    if group.packing == STACKED and 2 * leaf_bytes <= budget:
+        per = budget // leaf_bytes
+        return [(slice(a, min(a + per, count)),) for a in range(0, count, per)]
+    if not batch:  # single frames: one leaf per piece
+        return [(slice(k, k + 1),) for k in range(count)] if group.packing == STACKED else [None]
+    rows = batch[0]
+    per = max(1, budget // (leaf_bytes // rows))
+    if group.packing == STACKED:
+        return [(k, slice(a, min(a + per, rows))) for k in range(count) for a in range(0, rows, per)]
+    return [(slice(a, min(a + per, rows)),) for a in range(0, rows, per)]
+
+
+def piece_of(group: Group, index: tuple | None, leaves: list, xp: Any) -> Array:
+    """The points (or gradients) of one piece (:func:`frame_pieces`), as the group's packed array holds them:
+    a view for rows of one leaf, a stack of whole leaves otherwise (the packed array itself for None)."""
+    if index is None:
+        return pack(group, leaves, xp)
+    if len(index) == 2:  # rows of one stacked leaf: a view
+        k, rows = index
+        return leaves[group.indices[k]][rows, ...]
+    if group.packing == STACKED:
+        members = group.indices[index[0]]
+        if len(members) == 1:
+            return xp.expand_dims(leaves[members[0]], axis=0)
+        return xp.stack([leaves[i] for i in members], axis=0)
+    return leaves[group.indices[0]][index[0], ...]
+
+
+def write_piece(group: Group, index: tuple, value: Array, outs: list) -> None:
+    """Write one piece's new points (:func:`piece_of`'s shape) into the group's output leaves ``outs``
+    (writable arrays)."""
+    if len(index) == 2:
+        k, rows = index
+        outs[group.indices[k]][rows, ...] = value
+    elif group.packing == STACKED:
+        for t, i in enumerate(group.indices[index[0]]):
+            outs[i][...] = value[t, ...]
+    else:
+        outs[group.indices[0]][index[0], ...] = value
 
 
 def leaf_piece(group: Group, value: Any, j: int, shapes: tuple) -> Any:

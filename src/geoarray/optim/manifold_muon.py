@@ -34,8 +34,10 @@ import optree
 
 from .. import _backend
 from .._backend import array_namespace
+from .._typing import Array
 from ..manifolds.spectral import is_number, rate_array
 from . import layout as _layout
+from . import nonfinite as _nonfinite
 from .layout import Layout
 from .muon import (
     MANIFOLD_MUON_RETRACTIONS,
@@ -46,11 +48,18 @@ from .muon import (
     supports_manifold_muon,
 )
 from .nonfinite import check_policy, chooser, gate, keep_where_finite
+from .riemannian import check_chunk_bytes
 from .transforms import check_nonnegative, check_unit_interval, count_as_float, zero_count
 
-__all__ = ["ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "ManifoldMuon", "ManifoldMuonState", "Muon", "NoDual"]
 
-from .._typing import Array
+#: bytes of points per piece of an eager manifold-Muon step (``chunk_bytes="default"``, read when an optimizer
+#: is made): half of Adam's (:data:`geoarray.optim.riemannian.DEFAULT_CHUNK_BYTES`), for a piece's dual ascent
+#: and retraction keep more temporaries than Adam's elementwise moments. Measured on GPT-2 small's Q/K/V,
+#: 432 × St(768, 64) in float32 (``benchmarks/transformer_step.py --optimizer ManifoldMuon``, torch, one thread,
+#: two runs each, alternating): 4 MiB 504–551 ms and a peak growth of 86–90 MiB, 8 MiB 516–533 ms and 140 MiB,
+#: ``torch.optim.Muon`` 91–92 MiB; whole groups 725 ms and 870 MiB.
+DEFAULT_CHUNK_BYTES = 4 * 2**20
 
 
 class NoDual(NamedTuple):
@@ -120,6 +129,16 @@ class ManifoldMuon:
         for the accuracy this buys.
     ns_coefficients, eps, ns_steps, adjust_lr_fn, ns_dtype :
         Muon's Newton–Schulz options for the Euclidean matrix leaves.
+    chunk_bytes : int, "default" or None
+        The most bytes of points an eager step works on at once (``"default"``: :data:`DEFAULT_CHUNK_BYTES`,
+        4 MiB, read when the optimizer is made; None: whole groups), as in
+        :class:`~geoarray.optim.RiemannianOptimizer`: on a backend with writable arrays, with
+        the non-finite flag read to the host, a Stiefel or Grassmann group (float32 or float64) larger than
+        that is stepped in pieces (whole stacked leaves, or rows of a leaf's leading axis), each piece's
+        momentum, dual, direction and retraction computed and written before the next, so the temporaries
+        of the dual ascent and the retraction live for one piece at a time; ``update(..., donate=True)``
+        then writes the new points, buffers and duals into the donated arrays. Every frame's arithmetic is
+        the whole step's (the batched kernels on fewer frames). Traced and masked steps take whole groups.
     on_nonfinite : {"skip", "raise", "ignore"}
         What a non-finite gradient does, as in :class:`~geoarray.optim.RiemannianOptimizer`: ``"skip"``
         (default) leaves parameters, buffers, duals and the Muon state unchanged and counts the step in
@@ -146,6 +165,7 @@ class ManifoldMuon:
         ns_dtype: Any = None,
         group_same_shape: bool = True,
         on_nonfinite: str = "skip",
+        chunk_bytes: int | str | None = "default",
     ):
         # lr = 0 is a valid rate (the buffers advance, the weights stay): schedulers such as
         # CosineAnnealingLR reach it
@@ -165,6 +185,7 @@ class ManifoldMuon:
         self.momentum, self.nesterov = check_unit_interval(momentum, "momentum"), bool(nesterov)
         self.weight_decay, self.dual_iterations, self.retraction_name = float(weight_decay), dual_iterations, retraction
         self.group_same_shape = bool(group_same_shape)
+        self.chunk_bytes = check_chunk_bytes(chunk_bytes, DEFAULT_CHUNK_BYTES)
         # Muon's step at unit rate, −(O + λθ), scaled by the step's rate in update: a schedule's rate is known
         # only then (the same products as muon(lr): −lr·x = lr·(−x) exactly)
         self.transform = muon(
@@ -208,15 +229,20 @@ class ManifoldMuon:
         _backend.ensure_static_nodes()
         buffers, duals, euclid = [], [], []
         for group in layout.groups:
-            Y = _layout.pack(group, leaves, xp)
-            buffers.append(xp.zeros_like(Y))
-            shape = None if group.manifold.is_vector_space else dual_shape(group.manifold)
-            if shape is None:
-                duals.append(NoDual())
-            else:
-                duals.append(xp.zeros((*Y.shape[:-2], *shape), dtype=Y.dtype, device=_backend.device(Y)))
             if group.manifold.is_vector_space:
+                Y = _layout.pack(group, leaves, xp)
+                buffers.append(xp.zeros_like(Y))
+                duals.append(NoDual())
                 euclid.append(Y)
+                continue
+            # zeros of the packed shape, without packing the points (a stack of a GPT-2's frames is a copy
+            # of all its weights, alive beside the new buffer)
+            first = leaves[group.indices[0]]
+            prefix, where = _layout.packed_prefix(layout, group), _backend.device(first)
+            dtype = xp.float32 if group.upcast else first.dtype  # as _layout.pack gives the group's points
+            buffers.append(xp.zeros((*prefix, *first.shape[-2:]), dtype=dtype, device=where))
+            shape = dual_shape(group.manifold)
+            duals.append(NoDual() if shape is None else xp.zeros((*prefix, *shape), dtype=dtype, device=where))
         count = zero_count(leaves)
         return ManifoldMuonState(
             count, xp.zeros_like(count), tuple(buffers), tuple(duals), self.transform.init(tuple(euclid)), layout
@@ -226,27 +252,45 @@ class ManifoldMuon:
         self, params: Any, grads: Any, state: ManifoldMuonState, *, check: bool = True, donate: bool = False
     ) -> tuple[Any, ManifoldMuonState]:
         """One step (module docstring); pure, and nothing is computed before the inputs are checked
-        (``check=False``: the caller checked params and grads against ``state.layout``). ``donate`` is
-        accepted for the protocol of :meth:`~geoarray.optim.RiemannianOptimizer.update` and changes
-        nothing here: this step always returns new arrays."""
+        (``check=False``: the caller checked params and grads against ``state.layout``). ``donate=True``
+        hands over the buffers of ``params`` and ``state``, as in
+        :meth:`~geoarray.optim.RiemannianOptimizer.update`: a group stepped in pieces (``chunk_bytes``) writes
+        its new points, momentum buffer and dual into them (the caller must use only the returned values
+        afterwards); elsewhere it changes nothing and the step returns new arrays."""
         if not isinstance(state, ManifoldMuonState):
             raise TypeError(f"state must be the ManifoldMuonState returned by init, got {type(state).__name__}")
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
-        packed_grads = [_layout.pack(group, gleaves, xp) for group in layout.groups]
+        pieces = self._pieces(layout, leaves, xp)
+        # a group cut into pieces is never packed whole: its gradients are checked leaf by leaf
+        packed_grads = [
+            _layout.pack(g, gleaves, xp) if p == [None] else None for g, p in zip(layout.groups, pieces, strict=True)
+        ]
+        checked = [G for G in packed_grads if G is not None]
+        checked += [gleaves[i] for g, p in zip(layout.groups, pieces, strict=True) if p != [None] for i in g.indices]
         # a non-finite gradient: as RiemannianOptimizer does (geoarray.optim.nonfinite: read to the host
         # where that is free, a skipped step then computes nothing; masked on the device otherwise, with
         # zeros instead of NaN through Newton–Schulz and the retraction)
-        finite, packed_grads, skipped = gate(self.on_nonfinite, layout, gleaves, packed_grads, state, xp)
+        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp)
         if skipped is not None:
             return optree.tree_unflatten(optree.tree_structure(params), list(leaves)), skipped
+        if finite is not None:  # masked (no pieces then): the zeroed gradients
+            packed_grads = checked
         keep = chooser(finite, xp)  # the new parameters where the flag is true, else the old, bit for bit
         mu = self.momentum
         # the rate of this step: a number, or a schedule's value at t = step + 1 (a 0-d array per group's dtype)
         schedule = self.lr if callable(self.lr) else None
         new_leaves: list = [None] * len(leaves)
         buffers, duals, e_points, e_grads, e_groups = [], [], [], [], []
-        for group, G, buf, P in zip(layout.groups, packed_grads, state.buffers, state.duals, strict=True):
+        for group, G, buf, P, cuts in zip(layout.groups, packed_grads, state.buffers, state.duals, pieces, strict=True):
+            if cuts != [None]:
+                rate = self._rate(schedule, state.step, buf, xp)
+                buf_new, P_new = self._group_in_pieces(
+                    group, cuts, leaves, gleaves, buf, P, rate, new_leaves, donate, xp
+                )
+                buffers.append(buf_new)
+                duals.append(P_new)
+                continue
             Y = _layout.pack(group, leaves, xp)
             M = group.manifold
             if M.is_vector_space:
@@ -276,6 +320,58 @@ class ManifoldMuon:
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
         # inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
+
+    def _pieces(self, layout: Layout, leaves: list, xp: Any) -> list:
+        """Per group, the pieces an eager step takes one after the other (``chunk_bytes``): ``[None]`` for a
+        whole group, else :func:`geoarray.optim.layout.frame_pieces` of a Stiefel or Grassmann group in
+        float32 or float64; every group whole unless the step may be cut: eager, writable arrays and the
+        non-finite flag read to the host (a masked step selects between whole states)."""
+        whole = [[None]] * len(layout.groups)
+        if self.chunk_bytes is None or not leaves or not _backend.writable(xp) or _backend.is_traced(leaves[0]):
+            return whole
+        if self.on_nonfinite == "skip" and not _nonfinite._readable(leaves[0]):
+            return whole
+        out = []
+        for group in layout.groups:
+            first = leaves[group.indices[0]]
+            if group.manifold.is_vector_space or group.upcast or first.dtype not in (xp.float32, xp.float64):
+                out.append([None])
+            else:
+                out.append(_layout.frame_pieces(group, layout.shapes, leaves, self.chunk_bytes))
+        return out
+
+    def _group_in_pieces(
+        self, group: Any, cuts: list, leaves: list, gleaves: list, buf: Array, P: Any, rate: Any, new_leaves: list,
+        donate: bool, xp: Any,
+    ) -> tuple[Array, Any]:  # fmt: skip
+        """One manifold group's step, piece by piece (``chunk_bytes``): each piece's momentum, direction,
+        retraction and dual computed from the piece's rows and written into the group's new arrays (the
+        donated ones, or new) before the next piece; returns the group's new buffer and dual."""
+        mu = self.momentum
+        dual = not isinstance(P, NoDual)
+        buf_out = buf if donate else xp.empty_like(buf)
+        P_out = P if donate or not dual else xp.empty_like(P)
+        outs = {i: leaves[i] if donate else xp.empty_like(leaves[i]) for i in group.indices}
+        targets = [outs.get(i) for i in range(len(leaves))]
+        for index in cuts:
+            key = (*index, Ellipsis)
+            Y = _layout.piece_of(group, index, leaves, xp)
+            G = _layout.piece_of(group, index, gleaves, xp)
+            b = _backend.lerp(buf[key], G, 1.0 - mu, xp)
+            U = _backend.lerp(G, b, mu, xp) if self.nesterov else b
+            Y_new, _, P_new = manifold_muon_step(
+                group.manifold, Y, U, P[key] if dual else None, lr=rate, n_iter=self.dual_iterations,
+                retraction=self.retraction_name, return_direction=False,
+            )  # fmt: skip
+            buf_out[key] = b
+            if dual and P_new is not None:
+                P_out[key] = P_new
+            elif dual and not donate:
+                P_out[key] = P[key]
+            _layout.write_piece(group, index, Y_new, targets)
+        for i in group.indices:
+            new_leaves[i] = outs[i]
+        return buf_out, P_out
 
     def _rate(self, schedule: Any, step: Array, like: Array, xp: Any) -> Any:
         """This step's rate for a group like ``like``: ``lr``, or the schedule's value at t = step + 1 (a 0-d

@@ -199,6 +199,19 @@ class RiemannianState(NamedTuple):
             yield path, groups
 
 
+def check_chunk_bytes(chunk_bytes: Any, default: int | None = None) -> int | None:
+    """An optimizer's ``chunk_bytes`` as it keeps it: ``default`` (:data:`DEFAULT_CHUNK_BYTES`, read now, where
+    None) for ``"default"``, a positive int or None as given; a ``ValueError`` naming the choices otherwise."""
+    if isinstance(chunk_bytes, str) and chunk_bytes == "default":
+        return DEFAULT_CHUNK_BYTES if default is None else default
+    if chunk_bytes is None or (isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool) and chunk_bytes >= 1):
+        return chunk_bytes
+    raise ValueError(
+        f"chunk_bytes must be a positive int (bytes of points per piece of a step), 'default' or None "
+        f"(whole groups), got {chunk_bytes!r}"
+    )
+
+
 class RiemannianOptimizer:
     """Algorithm 1 around a vector-space transform (see the module docstring).
 
@@ -256,15 +269,7 @@ class RiemannianOptimizer:
                 f"{type(self).__name__} needs g^hor coordinates that are consistent between steps, but "
                 "section='random' draws a new frame every step; use section='transported'"
             )
-        if not (
-            chunk_bytes is None
-            or (isinstance(chunk_bytes, str) and chunk_bytes == "default")
-            or (isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool) and chunk_bytes >= 1)
-        ):
-            raise ValueError(
-                f"chunk_bytes must be a positive int (bytes of points per piece of a step), 'default' or None "
-                f"(whole groups), got {chunk_bytes!r}"
-            )
+        chunk_bytes = check_chunk_bytes(chunk_bytes)
         self.transform = transform
         self.section = section
         self.retraction = retraction
@@ -272,7 +277,7 @@ class RiemannianOptimizer:
         self.group_same_shape = bool(group_same_shape)
         self.seed = seed
         self.consistent_frames = bool(consistent_frames)
-        self.chunk_bytes = DEFAULT_CHUNK_BYTES if isinstance(chunk_bytes, str) else chunk_bytes
+        self.chunk_bytes = chunk_bytes
 
     def __repr__(self) -> str:
         opts = [f"section={self.section!r}"] if self.section else []
@@ -564,45 +569,12 @@ class RiemannianOptimizer:
         return pieces if any(p != [None] for p in pieces) else None
 
     def _group_pieces(self, group: _layout.Group, shapes: tuple, leaves: list) -> list:
-        """The pieces of one group (see :meth:`_pieces`): whole stacked leaves while two fit the budget,
-        else rows of each leaf's leading axis (at least one row: a single frame larger than the budget
-        is one piece)."""
-        M, budget = group.manifold, self.chunk_bytes
-        assert budget is not None
-        if not isinstance(M, OrthonormalFrames) or group.upcast or group.section != "householder":
+        """The pieces of one group (see :meth:`_pieces` and :func:`geoarray.optim.layout.frame_pieces`): a
+        Householder section's frames only."""
+        assert self.chunk_bytes is not None
+        if not isinstance(group.manifold, OrthonormalFrames) or group.upcast or group.section != "householder":
             return [None]
-        shape = shapes[group.indices[0]]
-        first = leaves[group.indices[0]]
-        leaf_bytes = math.prod(shape) * (array_namespace(first).finfo(first.dtype).bits // 8)
-        count = len(group.indices)
-        if leaf_bytes * count <= budget or leaf_bytes == 0:
-            return [None]
-        batch = shape[:-2]
-        if group.packing == _layout.STACKED and 2 * leaf_bytes <= budget:
-            per = budget // leaf_bytes
-            return [(slice(a, min(a + per, count)),) for a in range(0, count, per)]
-        if not batch:  # single frames: one leaf per piece
-            return [(slice(k, k + 1),) for k in range(count)] if group.packing == _layout.STACKED else [None]
-        rows = batch[0]
-        per = max(1, budget // (leaf_bytes // rows))
-        if group.packing == _layout.STACKED:
-            return [(k, slice(a, min(a + per, rows))) for k in range(count) for a in range(0, rows, per)]
-        return [(slice(a, min(a + per, rows)),) for a in range(0, rows, per)]
-
-    @staticmethod
-    def _piece_of(group: _layout.Group, index: tuple | None, leaves: list, xp: Any) -> Array:
-        """The points (or gradients) of one piece, as the group's packed array would hold them."""
-        if index is None:
-            return _layout.pack(group, leaves, xp)
-        if len(index) == 2:  # rows of one stacked leaf: a view
-            k, rows = index
-            return leaves[group.indices[k]][rows, ...]
-        if group.packing == _layout.STACKED:
-            members = group.indices[index[0]]
-            if len(members) == 1:
-                return xp.expand_dims(leaves[members[0]], axis=0)
-            return xp.stack([leaves[i] for i in members], axis=0)
-        return leaves[group.indices[0]][index[0], ...]
+        return _layout.frame_pieces(group, shapes, leaves, self.chunk_bytes)
 
     @staticmethod
     def _piece_target(group: _layout.Group, index: tuple, outs: list) -> Array | None:
@@ -614,18 +586,6 @@ class RiemannianOptimizer:
         if group.packing == _layout.STACKED:
             return None
         return outs[group.indices[0]][index[0], ...]
-
-    @staticmethod
-    def _write_piece(group: _layout.Group, index: tuple, Y_new: Array, outs: list) -> None:
-        """Write one piece's new points into the group's output leaves."""
-        if len(index) == 2:
-            k, rows = index
-            outs[group.indices[k]][rows, ...] = Y_new
-        elif group.packing == _layout.STACKED:
-            for t, i in enumerate(group.indices[index[0]]):
-                outs[i][...] = Y_new[t, ...]
-        else:
-            outs[group.indices[0]][index[0], ...] = Y_new
 
     def _step_in_pieces(
         self,
@@ -666,8 +626,8 @@ class RiemannianOptimizer:
         for g, group in enumerate(layout.groups):
             M = group.manifold
             for index in pieces[g]:
-                Y = self._piece_of(group, index, leaves, xp)
-                G = packed_grads[g] if index is None else self._piece_of(group, index, gleaves, xp)
+                Y = _layout.piece_of(group, index, leaves, xp)
+                G = packed_grads[g] if index is None else _layout.piece_of(group, index, gleaves, xp)
                 lam = self._section(group, Y, g, step, state.sections)
                 params = (self._lifted_param(group, Y, lam),) if uses_params else None
                 # a piece's state is cut from the group's copies (or from the donated state): the transform
@@ -689,7 +649,7 @@ class RiemannianOptimizer:
                 if index is None:
                     _layout.unpack(group, Y_new, layout.shapes, xp, new_leaves)
                 elif target is None:
-                    self._write_piece(group, index, Y_new, outs)
+                    _layout.write_piece(group, index, Y_new, outs)
         for g in cut:
             for i in layout.groups[g].indices:
                 new_leaves[i] = outs[i]
