@@ -329,9 +329,10 @@ def test_manifold_muon_refuses_a_bad_chunk_bytes(bad):
 
 
 def test_geoarray_torch_manifold_muon_steps_a_stack_in_pieces_in_place(gt, torch):
-    """gt.ManifoldMuon's groups carry ``chunk_bytes`` (default :data:`geoarray.optim.manifold_muon.DEFAULT_CHUNK_BYTES`):
-    on a stack larger than that (18 frames of St(768, 64) in float32, 3.4 MiB, against a 1 MiB budget) it
-    steps in pieces, in place (the parameter keeps its storage), and equals the whole step to 1e-5 (float32)."""
+    """gt.ManifoldMuon's groups carry ``chunk_bytes`` (default
+    :data:`geoarray.optim.manifold_muon.DEFAULT_CHUNK_BYTES`): on a stack larger than the budget (18 frames of
+    St(768, 64) in float32, 3.4 MiB, against 1 MiB) it steps in pieces, in place (the parameter keeps its
+    storage), and equals the whole step to 1e-5 (float32)."""
     from geoarray.optim.manifold_muon import DEFAULT_CHUNK_BYTES
 
     S = Stiefel(768, 64)
