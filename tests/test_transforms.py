@@ -508,3 +508,52 @@ def test_a_square_frames_torch_adam_step_runs_no_operation_on_an_empty_tensor(ba
     allowed = {"zeros", "empty", "new_zeros", "new_empty", "detach", "__get__"}
     assert [f for f in mode.seen if f not in allowed] == [], mode.seen
     assert M.point_error(W.detach()) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# a rate factor read at every step (what geoarray.torch's param groups drive)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scaled_by_a_rate_factor_steps_as_the_scaled_rate(xp, device):
+    """``opt.scaled_by(f)`` multiplies the velocity by ``f()`` at every step, with the same state: Adam at rate η
+    scaled by 0.5 equals Adam at 0.5·η to 1e-12 (float64, three steps; the same products, rounded once more);
+    a factor of 1 is the unscaled step bit for bit; a 0-d array factor equals the number to 1e-15 and gives
+    no velocity bound (it is not read to the host); the factor is read at each step (a change between steps
+    is taken); a subclass with its own update is refused, naming why."""
+    from geoarray.optim.transforms import scale_by_factor
+
+    M = Stiefel(7, 3)
+    Y = M.random(0, xp=xp, device=device, batch_shape=(2,))
+    grads = [geoarray.random.normal(10 + k, tuple(Y.shape), xp=xp, device=device, scale=0.3) for k in range(3)]
+
+    def run(opt):
+        p, state = Y, opt.init(Y, M)
+        for G in grads:
+            p, state = opt.update(p, G, state)
+        return to_numpy(p), state
+
+    value = [0.5]
+    half, state = run(optim.Adam(lr=0.02).scaled_by(lambda: value[0]))
+    reference, ref_state = run(optim.Adam(lr=0.01))
+    np.testing.assert_allclose(half, reference, rtol=0, atol=1e-12)
+    assert optree.tree_structure(state) == optree.tree_structure(ref_state)
+    one, _ = run(optim.Adam(lr=0.01).scaled_by(lambda: 1.0))
+    np.testing.assert_array_equal(one, reference)
+    factor = xp.asarray(0.5, dtype=xp.float64, device=device)
+    array, _ = run(optim.Adam(lr=0.02).scaled_by(lambda: factor))
+    np.testing.assert_allclose(array, half, rtol=0, atol=1e-15)
+    assert scale_by_factor(scale_by_learning_rate(0.1), lambda: factor).bound(1.0) is None
+    assert scale_by_factor(scale_by_learning_rate(0.1), lambda: -2.0).bound(1.0) == pytest.approx(0.2)
+    value[0] = 0.0  # read at every step: a zero factor leaves the point where it is
+    opt = optim.Gradient(lr=0.1).scaled_by(lambda: value[0])
+    p, _ = opt.update(Y, grads[0], opt.init(Y, M))
+    np.testing.assert_allclose(to_numpy(p), to_numpy(Y), rtol=0, atol=1e-15)
+
+    class OwnUpdate(optim.Gradient):
+        def update(self, params, grads, state, **kw):
+            return super().update(params, grads, state, **kw)
+
+    assert optim.Gradient(lr=0.1).takes_rate_factor and not OwnUpdate(lr=0.1).takes_rate_factor
+    with pytest.raises(TypeError, match="has its own update"):
+        OwnUpdate(lr=0.1).scaled_by(lambda: 0.5)

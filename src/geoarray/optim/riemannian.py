@@ -106,6 +106,7 @@ devices against the state's layout; skipped with ``check=False`` by adapters tha
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
@@ -122,7 +123,7 @@ from . import layout as _layout
 from . import nonfinite as _nonfinite
 from .layout import Layout
 from .nonfinite import NonFiniteGradientWarning, check_policy, chooser, gate, keep_where_finite
-from .transforms import GradientTransformation
+from .transforms import GradientTransformation, scale_by_factor
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -394,6 +395,26 @@ class RiemannianOptimizer:
         one = M.global_rep(M.global_section(frame, strategy="householder"), xp.zeros_like(frame))
         packed = (len(group.indices), *batch) if group.packing == _layout.STACKED else batch
         return optree.tree_map(lambda a: xp.zeros((*packed, *a.shape), dtype=a.dtype, device=_backend.device(a)), one)
+
+    @property
+    def takes_rate_factor(self) -> bool:
+        """Whether :meth:`scaled_by` can scale this optimizer's steps: its ``update`` is Algorithm 1's, which runs
+        ``self.transform`` (a subclass with its own ``update`` may not)."""
+        return type(self).update is RiemannianOptimizer.update
+
+    def scaled_by(self, factor: Callable[[], Any]) -> RiemannianOptimizer:
+        """A copy of this optimizer whose velocity W is multiplied by ``factor()`` at every step
+        (:func:`~geoarray.optim.transforms.scale_by_factor` around its transform), with the same state: a learning
+        rate that changes between steps, relative to the one it was built with (``geoarray.torch`` scales by the
+        param group's ``lr`` so). ``TypeError`` where :attr:`takes_rate_factor` is False."""
+        if not self.takes_rate_factor:
+            raise TypeError(
+                f"{type(self).__name__} has its own update, which need not run its transform: it cannot be scaled by "
+                "a rate factor; build it with the rate (or a schedule) instead"
+            )
+        out = copy.copy(self)
+        out.transform = scale_by_factor(self.transform, factor)
+        return out
 
     # -- update ------------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
@@ -51,6 +52,7 @@ __all__ = [
     "global_norm",
     "scale_by_adam",
     "scale_by_bfgs",
+    "scale_by_factor",
     "scale_by_learning_rate",
     "scale_by_momentum",
 ]
@@ -454,6 +456,45 @@ def scale_by_momentum(alpha: float = 0.5) -> GradientTransformation:
         return ScaleByMomentumState(rotate(state.trace, 1))
 
     return GradientTransformation(init, update, reframe=reframe, elementwise=True)
+
+
+def scale_by_factor(transform: GradientTransformation, factor: Callable[[], Any]) -> GradientTransformation:
+    """``transform`` with its output multiplied by ``factor()``, called at every update: updates ← f·T(updates),
+    with ``transform``'s state (the same structure: a factor that changes between steps, such as a learning rate
+    relative to the one a chain was built with, needs no new state).
+
+    ``factor()`` is a number, or a 0-d array on the updates' device, which is never read to the host (a graph
+    replayed or a jitted step takes its value of the moment). The bound of the output is |f|·(the transform's
+    bound) for a number, none for an array (:class:`GradientTransformation`'s ``bound``); a number 1 passes the
+    updates through untouched. Elementwise if ``transform`` is (a scalar keeps entries apart)."""
+
+    def _number(f: Any) -> bool:
+        return isinstance(f, numbers.Real) and not isinstance(f, bool)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        out, state = transform.update(updates, state, params)
+        f = factor()
+        if _number(f) and f == 1.0:  # an array factor is not compared: that would read it
+            return out, state
+        return optree.tree_map(lambda u: f * u, out), state
+
+    inner = getattr(transform, "bound", None)
+
+    def bound(b: float | None) -> float | None:
+        out = inner(b) if inner is not None else None
+        if out is None:
+            return None
+        f = factor()
+        return abs(float(f)) * out if _number(f) else None
+
+    return GradientTransformation(
+        transform.init,
+        update,
+        getattr(transform, "uses_params", True),
+        getattr(transform, "reframe", None),
+        bound,
+        getattr(transform, "elementwise", False),
+    )
 
 
 def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransformation:

@@ -26,7 +26,6 @@ from .param_groups import (
     is_group_of,
     live,
     register,
-    scaled,
 )
 
 __all__ = ["AdamWithDecay", "BrantnerAdam", "Gradient", "ManifoldMuon", "Momentum", "Muon", "PaperAdam"]
@@ -65,7 +64,7 @@ def _adam_with_decay(opt: Any, group: dict) -> RiemannianOptimizer:
     factor = live(opt, group)
     if callable(factor):
         factor.reference = float(group["lr_start"])
-        core.transform = scaled(core.transform, factor)
+        return core.scaled_by(factor)
     return core
 
 

@@ -114,7 +114,6 @@ from .param_groups import (
     check_lr,
     core_lr,
     is_group_of,
-    scaled,
 )
 from .parameter import _tolerance, check_manifold_tensor, manifold_of, project_
 from .state_view import StateView
@@ -317,7 +316,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _copy_core(self, proto: Core, group: dict) -> Core:
         core = copy.copy(proto)
-        if type(core).update is not RiemannianOptimizer.update:
+        if not getattr(core, "takes_rate_factor", False):
             lr = group.get("lr", self._lr_reference)
             if isinstance(lr, torch.Tensor):
                 lr = lr.item()
@@ -350,10 +349,9 @@ class Optimizer(torch.optim.Optimizer):
             raise TypeError(f"the core factory must return a geoarray.optim.RiemannianOptimizer, got {core!r}")
         if recipe is not None:
             return core, tuple(cells)
-        if type(core).update is not RiemannianOptimizer.update:
-            self._lr_rebuilds = True  # its rate is inside its own update: changes rebuild it
+        if not getattr(core, "takes_rate_factor", False):  # ManifoldMuon, partitions: their rate is their own
+            self._lr_rebuilds = True  # changes rebuild the core
             return core, tuple(cells)
-        # a core with RiemannianOptimizer's update is one (ManifoldMuon and partitions have their own)
         core = cast(RiemannianOptimizer, core)
         if not is_group_of(self, group):
             return core, tuple(cells)  # the probe core of a group being added
@@ -362,9 +360,7 @@ class Optimizer(torch.optim.Optimizer):
             reference = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else float(group["lr"])
         rate = LiveHyperparameter(reference=reference)
         rate.read(group)
-        with_lr = copy.copy(core)
-        with_lr.transform = scaled(core.transform, rate)
-        return with_lr, (*cells, rate)
+        return core.scaled_by(rate), (*cells, rate)
 
     def _live_keys(self) -> tuple[str, ...]:
         """Hyperparameters read at every step (their changes need no new core)."""

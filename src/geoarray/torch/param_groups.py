@@ -11,13 +11,9 @@ that keeps the state (:class:`geoarray.torch.Optimizer`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import optree
 import torch
-
-from ..optim.transforms import GradientTransformation
 
 __all__ = [
     "BOOKKEEPING",
@@ -34,7 +30,6 @@ __all__ = [
     "live",
     "live_or_zero",
     "register",
-    "scaled",
 ]
 
 #: the options of :class:`geoarray.optim.RiemannianOptimizer` a param group may carry
@@ -166,39 +161,6 @@ class LiveHyperparameter:
         ``lr``, which stays on its device (the step then has no bound: see :func:`scaled`)."""
         value = self()
         return None if isinstance(value, torch.Tensor) else float(value)
-
-
-def scaled(transform: Any, factor: Callable[[], float]) -> GradientTransformation:
-    """``transform`` with its output multiplied by ``factor()`` read at every step, and the same state
-    (so a learning-rate change in the param group scales the velocity W = −η·direction without
-    changing the state's structure)."""
-
-    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        out, state = transform.update(updates, state, params)
-        f = factor()
-        if not isinstance(f, torch.Tensor) and f == 1.0:  # a tensor rate is not compared: that reads it
-            return out, state
-        return optree.tree_map(lambda u: f * u, out), state
-
-    inner = getattr(transform, "bound", None)
-
-    def bound(b: float | None) -> float | None:
-        out = inner(b) if inner is not None else None
-        if out is None:
-            return None
-        f = factor()
-        # a tensor rate has no host value to bound the step by without reading it: no bound (the
-        # retraction then takes its route for unbounded steps, without host reads where they cost one)
-        return None if isinstance(f, torch.Tensor) else abs(float(f)) * out
-
-    return GradientTransformation(
-        transform.init,
-        update,
-        getattr(transform, "uses_params", True),
-        getattr(transform, "reframe", None),
-        bound,
-        getattr(transform, "elementwise", False),  # a scalar factor keeps entries apart
-    )
 
 
 def core_lr(core: Any) -> float | None:
