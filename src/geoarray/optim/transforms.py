@@ -464,7 +464,7 @@ def scale_by_factor(transform: GradientTransformation, factor: Callable[[], Any]
     relative to the one a chain was built with, needs no new state).
 
     ``factor()`` is a number, or a 0-d array on the updates' device, which is never read to the host (a graph
-    replayed or a jitted step takes its value of the moment). The bound of the output is |f|·(the transform's
+    replayed or a jitted step takes its value of the moment). The bound of the output is ``|f|``·(the transform's
     bound) for a number, none for an array (:class:`GradientTransformation`'s ``bound``); a number 1 passes the
     updates through untouched. Elementwise if ``transform`` is (a scalar keeps entries apart)."""
 
