@@ -105,7 +105,8 @@ def _compiler_env(backend: str, tag: str, cache_dir: str) -> dict[str, str]:
       end): a program that one pytest worker, or a subprocess of the tests, compiled is loaded by the
       other instead of compiled again (the CPU session 635 s against 740 s).
 
-    A caller's XLA_FLAGS and JAX_COMPILATION_CACHE_DIR win."""
+    A caller's XLA_FLAGS and JAX_COMPILATION_CACHE_DIR win. The tests themselves lower programs in shared
+    MLIR contexts (``tests/_jax_lowering.py``: the JAX CPU session's pytest 185 s against 283 s)."""
     if backend not in ("jax", "jax-cuda"):
         return {}
     env = {}

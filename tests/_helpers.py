@@ -71,7 +71,9 @@ def load_backend(name: str) -> Backend:
         # (10 mantissa bits), which the float32 tolerances of the suite do not allow for
         jax.config.update("jax_default_matmul_precision", "highest")
         import jax.numpy as xp
+        from _jax_lowering import share_mlir_contexts
 
+        share_mlir_contexts()
         platform = "gpu" if name == "jax-cuda" else "cpu"
         try:
             dev = jax.devices(platform)[0]
