@@ -84,8 +84,18 @@ def _choice_block() -> tuple[str, list[str]]:
     return block, _offered(comment)
 
 
-def _offered_module(name: str):
-    """The module a reader puts in place of ``np``; a skip when the session cannot run it."""
+HOST_READS_DEFAULT = "cpu"  # geoarray.get_host_reads() in a fresh process (a reader's setting)
+
+
+def _offered_module(name: str, backend, host_reads_policy):
+    """The module a reader puts in place of ``np``, with the library's default host reads policy (a
+    reader's); a skip when the session cannot run it, and in every session but its library's own: the
+    code is the same in each, so ``nox -t cpu`` runs it once per module (numpy in the numpy session,
+    array_api_strict in the array-api-strict one, jax.numpy and torch in theirs), not once per session."""
+    library = name.split(".")[0]
+    if library != backend.kind:
+        pytest.skip(f"xp = {name} runs in the {library} session (the same code in every session)")
+    host_reads_policy(HOST_READS_DEFAULT)
     if name == "cupy":
         try:
             import cupy
@@ -118,11 +128,11 @@ def _x64_for(choice: str):
 
 
 @pytest.mark.parametrize("choice", _choice_block()[1])
-def test_readme_choice_of_xp_runs_with_every_module_offered(choice):
+def test_readme_choice_of_xp_runs_with_every_module_offered(choice, backend, host_reads_policy):
     """The any-array-library quick start, with ``np`` in its ``xp`` line replaced by each module its
     comment offers (the raw module, as a reader types it), prints what it claims."""
     block, _ = _choice_block()
-    module = _offered_module(choice)
+    module = _offered_module(choice, backend, host_reads_policy)
     with _x64_for(choice):
         _run_blocks(README, [block], module)
 
@@ -143,11 +153,11 @@ def _docs_choices() -> list:
 
 
 @pytest.mark.parametrize(("page", "choice"), _docs_choices())
-def test_docs_choice_of_xp_runs_with_every_module_offered(page, choice):
+def test_docs_choice_of_xp_runs_with_every_module_offered(page, choice, backend, host_reads_policy):
     """A docs page whose ``xp = ...np...`` line offers a choice (the index page's dozen lines, the
     getting-started tour) prints what it claims with each module offered in place of ``np``, the raw
     module as a reader types it: ``xp = torch`` with ``torch.sort`` returning a tuple included."""
-    module = _offered_module(choice)
+    module = _offered_module(choice, backend, host_reads_policy)
     with _x64_for(choice):
         _run_blocks(page, _generic_blocks(page), module)
 
