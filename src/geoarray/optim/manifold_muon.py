@@ -249,19 +249,30 @@ class ManifoldMuon:
         )
 
     def update(
-        self, params: Any, grads: Any, state: ManifoldMuonState, *, check: bool = True, donate: bool = False
+        self,
+        params: Any,
+        grads: Any,
+        state: ManifoldMuonState,
+        *,
+        check: bool = True,
+        donate: bool = False,
+        skip: Any = None,
     ) -> tuple[Any, ManifoldMuonState]:
         """One step (module docstring); pure, and nothing is computed before the inputs are checked
         (``check=False``: the caller checked params and grads against ``state.layout``). ``donate=True``
         hands over the buffers of ``params`` and ``state``, as in
         :meth:`~geoarray.optim.RiemannianOptimizer.update`: a group stepped in pieces (``chunk_bytes``) writes
         its new points, momentum buffer and dual into them (the caller must use only the returned values
-        afterwards); elsewhere it changes nothing and the step returns new arrays."""
+        afterwards); elsewhere it changes nothing and the step returns new arrays. ``skip``: a step skipped
+        for a reason outside the optimizer, unchanged and not counted, as in
+        :meth:`~geoarray.optim.RiemannianOptimizer.update`."""
         if not isinstance(state, ManifoldMuonState):
             raise TypeError(f"state must be the ManifoldMuonState returned by init, got {type(state).__name__}")
+        skip = _nonfinite.check_skip(skip)
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
-        pieces = self._pieces(layout, leaves, xp)
+        masked = skip is not None and not isinstance(skip, bool)  # an outside flag on the device: whole groups
+        pieces = [[None]] * len(layout.groups) if masked else self._pieces(layout, leaves, xp)
         # a group cut into pieces is never packed whole: its gradients are checked leaf by leaf
         packed_grads = [
             _layout.pack(g, gleaves, xp) if p == [None] else None for g, p in zip(layout.groups, pieces, strict=True)
@@ -271,7 +282,7 @@ class ManifoldMuon:
         # a non-finite gradient: as RiemannianOptimizer does (geoarray.optim.nonfinite: read to the host
         # where that is free, a skipped step then computes nothing; masked on the device otherwise, with
         # zeros instead of NaN through Newton–Schulz and the retraction)
-        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp)
+        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp, skip=skip)
         if skipped is not None:
             return optree.tree_unflatten(optree.tree_structure(params), list(leaves)), skipped
         if finite is not None:  # masked (no pieces then): the zeroed gradients
@@ -316,7 +327,7 @@ class ManifoldMuon:
             _layout.unpack(group, keep(Y + W, Y), layout.shapes, xp, new_leaves)
         step = _backend.as_array(state.step + 1)
         new_state = ManifoldMuonState(step, state.skipped, tuple(buffers), tuple(duals), muon_state, layout)
-        new_state = keep_where_finite(finite, new_state, state, xp)
+        new_state = keep_where_finite(finite, new_state, state, xp, skip=skip)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
         # inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state

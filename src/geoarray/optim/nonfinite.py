@@ -16,6 +16,12 @@ An optimizer's ``update`` calls the two halves of the policy around its own step
    its new parameters with :func:`chooser` the same way (per group, before they are unpacked and cast
    back to a half-precision dtype).
 
+A step may also be skipped for a reason outside the optimizer: ``update(..., skip=flag)`` (a
+``GradScaler``'s ``found_inf``, which :mod:`geoarray.torch` hands over). :func:`gate` then takes the step
+where ``not flag`` (and, under ``"skip"``, every gradient finite) on the device, and
+:func:`keep_where_finite` keeps the old state there without counting it in ``skipped``: the flag's owner
+counts it. One mechanism, so that no caller has to poison gradients to make the optimizer skip.
+
 Used by :class:`~geoarray.optim.RiemannianOptimizer` (every Algorithm-1 optimizer) and
 :class:`~geoarray.optim.ManifoldMuon`.
 """
@@ -32,7 +38,15 @@ from .. import _backend
 from .._typing import Array
 from .layout import Layout
 
-__all__ = ["ON_NONFINITE", "NonFiniteGradientWarning", "check_policy", "chooser", "gate", "keep_where_finite"]
+__all__ = [
+    "ON_NONFINITE",
+    "NonFiniteGradientWarning",
+    "check_policy",
+    "check_skip",
+    "chooser",
+    "gate",
+    "keep_where_finite",
+]
 
 ON_NONFINITE = ("skip", "raise", "ignore")
 
@@ -79,7 +93,15 @@ def finiteness(on_nonfinite: str, layout: Layout, gleaves: list, packed: list, x
 
 
 def gate(
-    on_nonfinite: str, layout: Layout, gleaves: list, packed: list, state: Any, xp: Any, *, depth: int = 1
+    on_nonfinite: str,
+    layout: Layout,
+    gleaves: list,
+    packed: list,
+    state: Any,
+    xp: Any,
+    *,
+    depth: int = 1,
+    skip: Any = None,
 ) -> tuple[Any, list, Any]:
     """The policy before a step: ``(finite, packed, skipped)``.
 
@@ -89,7 +111,18 @@ def gate(
     nothing) or a 0-d boolean array on the device, and ``packed`` are the gradients, zeroed where that
     flag is false. ``state`` is a NamedTuple with a ``skipped`` field. ``depth``: the frames between the
     caller of ``gate`` and the user's call of ``update`` (1: ``gate`` is called in ``update`` itself), so
-    that the warning of a first skipped step points at the user's line."""
+    that the warning of a first skipped step points at the user's line.
+
+    ``skip``: a reason to skip the step that comes from outside the optimizer (a ``GradScaler``'s
+    ``found_inf``; see :func:`check_skip`), a 0-d boolean array or a bool. A step it skips is not taken
+    and not counted in ``skipped`` (its owner counts it). It is combined with the finiteness flag on the
+    device and never read to the host, except under ``"raise"``, whose check reads anyway: a skipped
+    step then raises nothing (its gradients are the outside reason's to judge) and returns ``state``
+    unchanged."""
+    if skip is not None and not isinstance(skip, bool):
+        return _gate_with_skip(on_nonfinite, layout, gleaves, packed, state, xp, skip)
+    if skip:
+        return None, packed, state
     finite = finiteness(on_nonfinite, layout, gleaves, packed, xp)
     if isinstance(finite, bool):
         if finite:
@@ -102,6 +135,40 @@ def gate(
     return finite, packed, None
 
 
+def check_skip(skip: Any) -> Any:
+    """``skip`` itself (None, a bool or a 0-d boolean array: an optimizer's ``update(..., skip=)``), or a
+    ``TypeError`` naming what it got."""
+    if skip is None or isinstance(skip, bool):
+        return skip
+    shape, dtype = getattr(skip, "shape", None), getattr(skip, "dtype", None)
+    if shape is None or tuple(shape) != () or dtype is None or "bool" not in str(dtype):
+        raise TypeError(
+            "skip must be None, a bool or a 0-d boolean array (true: the step is skipped for a reason outside the "
+            f"optimizer, such as a GradScaler's found_inf), got {type(skip).__name__} "
+            f"{'with shape ' + str(tuple(shape)) + ' and dtype ' + str(dtype) if shape is not None else repr(skip)}"
+        )
+    return skip
+
+
+def _gate_with_skip(
+    on_nonfinite: str, layout: Layout, gleaves: list, packed: list, state: Any, xp: Any, skip: Array
+) -> tuple[Any, list, Any]:
+    """:func:`gate` with an outside skip flag on the device: the flag to take the step by is ``not skip``
+    (and, under ``"skip"``, every gradient finite), and the gradients are zeroed where it is false."""
+    if on_nonfinite == "raise":
+        if bool(skip):
+            return None, packed, state
+        finiteness(on_nonfinite, layout, gleaves, packed, xp)
+        return None, packed, None
+    where = _backend.device(packed[0]) if packed else None
+    take = xp.logical_not(xp.asarray(skip, device=where) if where is not None else skip)
+    if on_nonfinite == "skip":
+        for G in packed:
+            take = xp.logical_and(take, _backend.all_finite(G, xp))
+    packed = [xp.where(take, G, xp.zeros((), dtype=G.dtype, device=_backend.device(G))) for G in packed]
+    return take, packed, None
+
+
 def chooser(finite: Array | None, xp: Any) -> Callable[[Any, Any], Any]:
     """``keep(new, old)``: ``new`` where ``finite`` (or always, for None), else ``old``, bit for bit."""
     if finite is None:
@@ -109,18 +176,21 @@ def chooser(finite: Array | None, xp: Any) -> Callable[[Any, Any], Any]:
     return lambda new, old: xp.where(finite, new, old)
 
 
-def keep_where_finite(finite: Array | None, new_state: Any, old_state: Any, xp: Any) -> Any:
+def keep_where_finite(finite: Array | None, new_state: Any, old_state: Any, xp: Any, *, skip: Any = None) -> Any:
     """The policy after a step whose flag stayed on the device: every array of ``new_state`` (a
     NamedTuple pytree with a ``skipped`` count; its static nodes, such as the layout, untouched) where
-    ``finite``, else the array of ``old_state``; ``skipped`` raised by one where not. ``new_state``
-    itself for ``finite`` None."""
+    ``finite``, else the array of ``old_state``; ``skipped`` raised by one where not, unless an outside
+    ``skip`` flag (:func:`gate`) is what made it false. ``new_state`` itself for ``finite`` None."""
     if finite is None:
         return new_state
     keep = chooser(finite, xp)
     # the count is left out of the selection (None is an empty subtree) and counted instead
     masked: Any = optree.tree_map(keep, new_state._replace(skipped=None), old_state._replace(skipped=None))
     count = old_state.skipped
-    return masked._replace(skipped=_backend.as_array(count + xp.astype(xp.logical_not(finite), count.dtype)))
+    counted = xp.logical_not(finite)
+    if skip is not None and not isinstance(skip, bool):
+        counted = xp.logical_and(counted, xp.logical_not(xp.asarray(skip, device=_backend.device(counted))))
+    return masked._replace(skipped=_backend.as_array(count + xp.astype(counted, count.dtype)))
 
 
 def _warn_skipped(before: Any, after: Any, *, stacklevel: int) -> None:

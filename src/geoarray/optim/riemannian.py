@@ -419,7 +419,14 @@ class RiemannianOptimizer:
     # -- update ------------------------------------------------------------------------------------------
 
     def update(
-        self, params: Any, grads: Any, state: RiemannianState, *, check: bool = True, donate: bool = False
+        self,
+        params: Any,
+        grads: Any,
+        state: RiemannianState,
+        *,
+        check: bool = True,
+        donate: bool = False,
+        skip: Any = None,
     ) -> tuple[Any, RiemannianState]:
         """One step of Algorithm 1: ``params, state = opt.update(params, grads, state)``.
 
@@ -433,6 +440,12 @@ class RiemannianOptimizer:
         writes its new points and moments into them, in place like ``torch.optim``, instead of keeping a
         second copy of both (the caller must use only the returned values afterwards; the returned leaves
         of those groups are the donated arrays themselves). Elsewhere it changes nothing.
+
+        ``skip``: true (a bool, or a 0-d boolean array on the device) for a step skipped for a reason
+        outside the optimizer — a ``GradScaler``'s ``found_inf`` (``geoarray.torch`` hands it over):
+        parameters and state come back unchanged, bit for bit, and ``state.skipped`` does not count it
+        (:func:`geoarray.optim.nonfinite.gate`). An array is combined with the finiteness flag on the
+        device, not read to the host (the step is then taken whole and masked).
         """
         if not isinstance(state, RiemannianState):
             raise TypeError(
@@ -440,15 +453,24 @@ class RiemannianOptimizer:
             )
         if not isinstance(donate, bool):  # "no" is truthy: a string would hand the buffers over silently
             raise TypeError(f"donate must be a bool (True hands params' and state's buffers over), got {donate!r}")
+        skip = _nonfinite.check_skip(skip)
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
-        new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate)
+        new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate, skip=skip)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
         # made inside the traced call can rebuild the tree, one carried by the state cannot
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
     def _step(
-        self, layout: Layout, leaves: list, gleaves: list, state: RiemannianState, xp: Any, *, donate: bool = False
+        self,
+        layout: Layout,
+        leaves: list,
+        gleaves: list,
+        state: RiemannianState,
+        xp: Any,
+        *,
+        donate: bool = False,
+        skip: Any = None,
     ) -> tuple[list, Any]:
         """The step of :meth:`update` on the flattened leaves, already checked against the layout."""
         if len(state.sections) != len(layout.groups):
@@ -456,7 +478,8 @@ class RiemannianOptimizer:
                 f"state has {len(state.sections)} parameter groups but its layout {len(layout.groups)}: "
                 "the state was assembled from parts of different optimizer states"
             )
-        pieces = self._pieces(layout, leaves, state, xp)
+        # an outside skip flag on the device masks the step: it is taken whole
+        pieces = None if skip is not None and not isinstance(skip, bool) else self._pieces(layout, leaves, state, xp)
         if pieces is None:
             packed_grads: list = [_layout.pack(group, gleaves, xp) for group in layout.groups]
             checked = packed_grads
@@ -472,7 +495,7 @@ class RiemannianOptimizer:
         # eager with host reads, the flag is read (one scalar; a retraction reads one anyway): a skipped
         # step computes nothing and a finite one needs no masks (about 30 operations); otherwise the
         # step is computed and masked (geoarray.optim.nonfinite)
-        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp, depth=2)
+        finite, checked, skipped = gate(self.on_nonfinite, layout, gleaves, checked, state, xp, depth=2, skip=skip)
         if skipped is not None:
             return list(leaves), skipped
         if pieces is not None:  # _pieces cuts only where the flag is read to the host: finite is None
@@ -521,7 +544,7 @@ class RiemannianOptimizer:
             Y_new, lam_new = self._retract(group, lam, W, bound)
             new_points.append(Y_new)
             new_sections.append(lam_new)
-        if finite is not None and not _backend.is_traced(finite):
+        if finite is not None and self.on_nonfinite == "skip" and not _backend.is_traced(finite):
             # eager without host reads: a step whose new point is not finite (one beyond the
             # retraction's fixed doubling budget) is skipped like a non-finite gradient. Traced
             # steps choose their doublings on the device (up to max_doublings) and need no check
@@ -534,7 +557,7 @@ class RiemannianOptimizer:
             # leaves come back unchanged, bit for bit, where the step is skipped on the device
             _layout.unpack(group, keep(Y_new, Y), layout.shapes, xp, new_leaves)
         new_state = RiemannianState(step, state.skipped, inner, tuple(new_sections), layout)
-        return new_leaves, keep_where_finite(finite, new_state, state, xp)
+        return new_leaves, keep_where_finite(finite, new_state, state, xp, skip=skip)
 
     @staticmethod
     def _worth_donating(layout: Layout) -> bool:

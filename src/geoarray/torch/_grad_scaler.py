@@ -14,13 +14,12 @@ the gradients still carry, None where ``scaler.unscale_(opt)`` already removed i
 1. divides the gradients by ``grad_scale`` in place (multiplies by its reciprocal, formed in float64 and
    rounded to float32 as ``GradScaler.unscale_`` does), so that after ``scaler.step`` every ``p.grad``
    holds the unscaled gradient, as on the scaler's own route;
-2. decides on the device. A core whose policy is ``on_nonfinite="skip"`` (the default) and whose
-   state counts ``skipped`` already masks a step with a non-finite gradient on the device when it cannot
-   read the flag: it is handed gradients multiplied by NaN where ``found_inf`` is set (one ``_foreach_mul``
-   into new tensors: ``p.grad`` keeps the unscaled values), keeps parameters and state, and only its
-   ``skipped`` count is put back (one ``where``). Any other core (``"raise"``, ``"ignore"``, a partition) is
-   handed gradients zeroed where ``found_inf`` is set (no inf or NaN reaches its linear algebra) and the old
-   parameters and state are selected back: a ``where`` per parameter and per state tensor.
+2. decides on the device. A core that takes an outside skip flag (``update(..., skip=)``: every
+   Algorithm-1 optimizer and manifold Muon, whatever their ``on_nonfinite``) is handed ``found_inf != 0``
+   and masks the step itself (:func:`geoarray.optim.nonfinite.gate`): parameters and state unchanged where
+   it is set, its ``skipped`` count untouched. Any other core (a partition, an optimizer of the user's) is
+   handed gradients zeroed where ``found_inf`` is set (no inf or NaN reaches its linear algebra) and the
+   old parameters and state are selected back: a ``where`` per parameter and per state tensor.
    ``benchmarks/grad_scaler_step.py`` times both routes.
 
 A step skipped for the scaler is not counted in the state's ``skipped`` (the scaler counts it, in its scale);
@@ -33,17 +32,11 @@ from typing import Any
 
 import torch
 
-from .._backend import host_reads_allowed
+from ..optim.manifold_muon import ManifoldMuon
+from ..optim.riemannian import RiemannianOptimizer
 from ._dtensor import _dtensor_type
 
-__all__ = [
-    "core_skips_itself",
-    "poison_where_found",
-    "restore_skipped",
-    "scaler_flags",
-    "unscale_",
-    "zero_where_found",
-]
+__all__ = ["scaler_flags", "takes_skip_flag", "unscale_", "zero_where_found"]
 
 
 def scaler_flags(optimizer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -69,26 +62,9 @@ def unscale_(param_groups: list[dict], grad_scale: torch.Tensor) -> None:
         torch._foreach_mul_(grads, inv.to(device).reshape(()))
 
 
-def core_skips_itself(core: Any, state: Any, grads: list[torch.Tensor], compiling: bool) -> bool:
-    """Whether the core masks a step with a non-finite gradient on the device itself (module docstring, 3):
-    policy ``"skip"``, a ``skipped`` count in its state, and no host read of its finiteness flag."""
-    if getattr(core, "on_nonfinite", None) != "skip" or "skipped" not in getattr(type(state), "_fields", ()):
-        return False
-    return compiling or not grads or not host_reads_allowed(grads[0])
-
-
-def poison_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torch.Tensor]:
-    """New gradients, NaN where ``skip`` and the same values elsewhere (× 1, exact)."""
-    if not grads:
-        return grads
-    factor = torch.where(skip.to(grads[0].device), float("nan"), 1.0)
-    return list(torch._foreach_mul(grads, factor))
-
-
-def restore_skipped(skip: torch.Tensor, state: Any, new_state: Any) -> Any:
-    """``new_state`` with the ``skipped`` count of ``state`` where ``skip``: the scaler's skip is not the core's."""
-    old = state.skipped
-    return new_state._replace(skipped=torch.where(skip.to(old.device), old, new_state.skipped))
+def takes_skip_flag(core: Any) -> bool:
+    """Whether the core masks a step on an outside skip flag itself (module docstring, 2)."""
+    return isinstance(core, (RiemannianOptimizer, ManifoldMuon))
 
 
 def zero_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torch.Tensor]:

@@ -85,14 +85,7 @@ from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor, _foreign
 from ._agreement import agree_on_step, check_skip_together, keep_where_taken
-from ._grad_scaler import (
-    core_skips_itself,
-    poison_where_found,
-    restore_skipped,
-    scaler_flags,
-    unscale_,
-    zero_where_found,
-)
+from ._grad_scaler import scaler_flags, takes_skip_flag, unscale_, zero_where_found
 from .cohorts import (
     FORMAT,
     FORMAT_VERSION,
@@ -642,22 +635,23 @@ class Optimizer(torch.optim.Optimizer):
             assert cohort.core is not None  # built or rebuilt above
             # shapes, dtypes and devices were checked by _plan against this cohort's state: the
             # core's own check of the same (about 0.1 ms on 41 parameters) is skipped
-            itself = skip is not None and core_skips_itself(cohort.core, cohort.state, grads, compiling)
-            if skip is not None:
-                grads = poison_where_found(grads, skip) if itself else zero_where_found(grads, skip)
+            # a core that takes the scaler's flag (skip=) masks the step on the device itself; any other
+            # is handed zeros where the flag is set, and its old values are selected back below
+            itself = skip is not None and takes_skip_flag(cohort.core)
+            if skip is not None and not itself:
+                grads = zero_where_found(grads, skip)
             # in place, as torch.optim steps, where nothing needs the old values afterwards (no selection
             # between old and new for a GradScaler's skip or the ranks' agreement; not traced): the core
             # then writes a step it takes in pieces into the parameters and the state (RiemannianOptimizer.update)
             donate = self._recipe is not None and not compiling and skip is None and sharded is None and not together
-            extra = {"donate": True} if donate else {}
+            extra: dict[str, Any] = {"donate": True} if donate else {}
+            if itself:
+                extra["skip"] = skip
             for cell in cohort.cells:  # the group's values at this step: the core reads these, not the group
                 cell.read(group)
             new, state = cohort.core.update(leaves, grads, cohort.state, check=False, **extra)
-            if skip is not None:
-                if itself:
-                    state = restore_skipped(skip, cohort.state, state)
-                else:
-                    new, state = keep_where_taken(~skip, leaves, new, cohort.state, state, count_skip=False)
+            if skip is not None and not itself:
+                new, state = keep_where_taken(~skip, leaves, new, cohort.state, state, count_skip=False)
             if sharded is not None:  # the ranks agree on whether the step was taken (no host reads)
                 new, state = sharded.agree(cohort.state, new, state)
             # torch.compile shows every group with capturable=True while it traces (param_groups.NOT_IN_KEY):

@@ -1,0 +1,146 @@
+"""A step skipped for a reason outside the optimizer: ``update(..., skip=flag)``.
+
+A ``GradScaler``'s ``found_inf`` is such a reason (``geoarray.torch`` hands it over; see
+``tests/test_torch_grad_scaler.py``), and it is not the optimizer's to count. Properties checked on every
+backend, for an Algorithm-1 optimizer (Adam) and manifold Muon, with host reads allowed and without:
+
+* ``skip`` true (a bool or a 0-d boolean array) returns the parameters and every array of the state
+  unchanged, bit for bit, with ``state.skipped`` unchanged — also when a gradient is NaN (the outside
+  reason covers it) and under ``on_nonfinite="raise"`` (nothing is raised);
+* ``skip`` false (an array) gives the step without it, to AGREE_RTOL (float64: 1e-12: the step is then
+  taken whole and masked, where without a flag it may be read to the host and cut into pieces), and a NaN
+  gradient is then the optimizer's to skip and count: ``skipped`` + 1;
+* under ``on_nonfinite="ignore"`` a false flag lets the step through as without one;
+* a bad ``skip`` (a 1-element vector, a float, a string) is a ``TypeError`` naming it, with nothing changed;
+* on JAX the flag is an input of a jitted step: the compiled step skips and takes like the eager one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optree
+import pytest
+
+import geoarray
+from _helpers import assert_agree, to_numpy
+from geoarray import _backend, optim
+from geoarray.manifolds import Grassmann, Stiefel
+
+OPTIMIZERS = {
+    "Adam": lambda **kw: optim.Adam(lr=0.05, **kw),
+    "ManifoldMuon": lambda **kw: optim.ManifoldMuon(lr=0.05, **kw),
+}
+
+
+def _tree(xp, device):
+    S, G = Stiefel(10, 3), Grassmann(8, 2)
+    params = {
+        "frames": S.random(0, xp=xp, batch_shape=(3,), device=device),
+        "subspace": G.random(1, xp=xp, device=device),
+        "w": geoarray.random.normal(2, (4, 3), xp=xp, device=device),
+    }
+    return params, {"frames": S, "subspace": G, "w": None}
+
+
+def _grads(params, k, poison=False):
+    leaves, spec = optree.tree_flatten(params)
+    xp = _backend.array_namespace(*leaves)
+    out = [
+        geoarray.random.normal(50 + 10 * k + i, tuple(x.shape), xp=xp, dtype=x.dtype, device=_backend.device(x))
+        for i, x in enumerate(leaves)
+    ]
+    if poison:
+        out[0] = out[0] * float("nan")
+    return optree.tree_unflatten(spec, out)
+
+
+def _flag(xp, device, value):
+    return xp.asarray(value, dtype=xp.bool, device=device)
+
+
+def _started(name, xp, device, **kw):
+    """The optimizer after one ordinary step (so that its state is not all zeros), its params and state."""
+    opt = OPTIMIZERS[name](**kw)
+    params, mans = _tree(xp, device)
+    state = opt.init(params, mans)
+    params, state = opt.update(params, _grads(params, 0), state)
+    return opt, params, state
+
+
+def _agree(got, want):
+    """Every array of ``got`` agrees with ``want``'s to AGREE_RTOL; counters (integers) are equal."""
+    for a, b in zip(optree.tree_leaves(got), optree.tree_leaves(want), strict=True):
+        if np.issubdtype(to_numpy(b).dtype, np.integer):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        else:
+            assert_agree(a, b)
+
+
+def _same_bits(a, b):
+    for x, y in zip(optree.tree_leaves(a), optree.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(to_numpy(x), to_numpy(y))
+
+
+@pytest.mark.parametrize("reads", ["always", "never"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_skipped_step_changes_nothing_and_is_not_counted(xp, device, host_reads_policy, name, reads):
+    host_reads_policy(reads)
+    for on_nonfinite in ("skip", "raise", "ignore"):
+        opt, params, state = _started(name, xp, device, on_nonfinite=on_nonfinite)
+        for skip in (True, _flag(xp, device, True)):
+            for poison in (False, True):
+                new, new_state = opt.update(params, _grads(params, 1, poison), state, skip=skip)
+                _same_bits(new, params)
+                _same_bits(new_state, state)
+                assert int(new_state.skipped) == int(state.skipped) == 0
+
+
+@pytest.mark.parametrize("reads", ["always", "never"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_step_not_skipped_is_the_step_without_the_flag(xp, device, host_reads_policy, name, reads):
+    host_reads_policy(reads)
+    for on_nonfinite in ("skip", "ignore"):
+        opt, params, state = _started(name, xp, device, on_nonfinite=on_nonfinite)
+        grads = _grads(params, 1)
+        want, want_state = opt.update(params, grads, state)
+        got, got_state = opt.update(params, grads, state, skip=_flag(xp, device, False))
+        _agree((got, got_state), (want, want_state))
+        assert float(np.max(np.abs(to_numpy(got["frames"]) - to_numpy(params["frames"])))) > 1e-3  # it moved
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_nan_gradient_under_a_false_flag_is_the_optimizers_to_skip_and_count(xp, device, host_reads_policy, name):
+    host_reads_policy("never")  # the flag stays on the device: the masked route
+    opt, params, state = _started(name, xp, device)
+    new, new_state = opt.update(params, _grads(params, 1, poison=True), state, skip=_flag(xp, device, False))
+    _same_bits(new, params)
+    assert int(new_state.skipped) == 1
+    _same_bits(new_state._replace(skipped=state.skipped), state)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1.0, "vector"])
+def test_a_bad_skip_is_a_type_error_and_changes_nothing(xp, device, bad):
+    opt, params, state = _started("Adam", xp, device)
+    before = [to_numpy(x).copy() for x in optree.tree_leaves((params, state))]
+    value = xp.asarray([True], device=device) if bad == "vector" else bad
+    with pytest.raises(TypeError, match="skip must be None, a bool or a 0-d boolean array"):
+        opt.update(params, _grads(params, 1), state, skip=value)
+    for a, b in zip(optree.tree_leaves((params, state)), before, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), b)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_jitted_step_takes_the_flag_as_an_input(backend, xp, device, name):
+    if backend.kind != "jax":
+        pytest.skip("jax.jit: JAX only")
+    import jax
+
+    opt, params, state = _started(name, xp, device)
+    grads = _grads(params, 1)
+    step = jax.jit(lambda p, g, s, skip: opt.update(p, g, s, skip=skip))
+    new, new_state = step(params, grads, state, _flag(xp, device, True))
+    _same_bits(new, params)
+    _same_bits(new_state, state)
+    taken, taken_state = step(params, grads, state, _flag(xp, device, False))
+    want, want_state = opt.update(params, grads, state)
+    _agree((taken, taken_state), (want, want_state))
