@@ -19,6 +19,7 @@ bit-exactly.
 """
 
 from . import layout, muon, schedules, torch_rules, transforms
+from .inject import InjectedOptimizer, InjectHyperparamsState, inject_hyperparams
 from .manifold_muon import ManifoldMuon, ManifoldMuonState, Muon
 from .methods import BFGS, Adam, AdamWithDecay, Gradient, Momentum
 from .partition import PartitionedOptimizer, PartitionState, partition
@@ -48,6 +49,8 @@ __all__ = [
     "AdamWithDecay",
     "Gradient",
     "GradientTransformation",
+    "InjectHyperparamsState",
+    "InjectedOptimizer",
     "ManifoldMuon",
     "ManifoldMuonState",
     "Momentum",
@@ -61,6 +64,7 @@ __all__ = [
     "chain",
     "clip_by_global_norm",
     "global_norm",
+    "inject_hyperparams",
     "layout",
     "load_state",
     "muon",

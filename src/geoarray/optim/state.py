@@ -24,13 +24,14 @@ from typing import Any
 import optree
 
 from .. import _io
+from .inject import InjectHyperparamsState
 from .manifold_muon import ManifoldMuonState
 from .partition import PartitionState
 from .riemannian import RiemannianState
 
 #: every optimizer state the library returns (RiemannianOptimizer and the methods built on it,
-#: ManifoldMuon and Muon, partition)
-STATE_TYPES = (RiemannianState, ManifoldMuonState, PartitionState)
+#: ManifoldMuon and Muon, partition, inject_hyperparams)
+STATE_TYPES = (RiemannianState, ManifoldMuonState, PartitionState, InjectHyperparamsState)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "STATE_TYPES", "load_state", "save_state", "state_arrays", "state_leaves"]
 
