@@ -179,3 +179,32 @@ def test_a_jitted_update_takes_the_rate_as_an_input(backend, xp, device):
         _agree(out[lr], opt.update(params, grads, s))
     assert len(traces) == 1
     assert float(np.max(np.abs(to_numpy(out[0.05][0]["w"]) - to_numpy(out[0.01][0]["w"])))) > 1e-3
+
+
+def test_make_train_step_takes_an_injected_optimizer(backend):
+    """geoarray.jax.make_train_step with the rate in the state: a rate put there between jitted steps is the
+    rate of the next step (equal to the same rates as a schedule to AGREE_RTOL), with one trace."""
+    if backend.kind != "jax":
+        pytest.skip("geoarray.jax: JAX only")
+    import jax.numpy as jnp
+
+    from _jax_common import problem
+    from geoarray.jax import make_train_step
+
+    params, mans, batch, loss = problem()
+    step, state = make_train_step(loss, optim.inject_hyperparams(optim.Adam)(lr=0.05), params, mans)
+    got = params
+    for k in range(3):
+        if k == 2:
+            state = state._replace(hyperparams={"lr": jnp.asarray(0.01, dtype=jnp.float64)})
+        got, state, _ = step(got, state, batch)
+    assert step._cache_size() == 1
+
+    def piecewise(t):
+        return 0.05 - 0.04 * jnp.astype(t > 2, t.dtype)
+
+    ref_step, ref_state = make_train_step(loss, optim.Adam(lr=piecewise), params, mans)
+    want = params
+    for _ in range(3):
+        want, ref_state, _ = ref_step(want, ref_state, batch)
+    _agree(got, want)

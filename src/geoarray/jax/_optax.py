@@ -38,6 +38,7 @@ from ..optim import (
     Adam,
     AdamWithDecay,
     Gradient,
+    InjectedOptimizer,
     ManifoldMuon,
     Momentum,
     Muon,
@@ -60,7 +61,9 @@ _METHODS = {
     "manifold_muon": ManifoldMuon,
 }
 
-GEOARRAY_OPTIMIZERS = OPTIMIZER_TYPES
+#: what the adapters take as a geoarray optimizer (``init(params, manifolds)``, ``update(params, grads, state)``):
+#: the optimizer classes, and an optimizer whose rate is in its state (:func:`geoarray.optim.inject_hyperparams`)
+GEOARRAY_OPTIMIZERS = (*OPTIMIZER_TYPES, InjectedOptimizer)
 
 
 class RiemannianOptaxState(NamedTuple):
