@@ -78,7 +78,9 @@ class RiemannianOptaxState(NamedTuple):
     points: dict
 
 
-def build_optimizer(method: Any, kwargs: dict) -> RiemannianOptimizer | ManifoldMuon | PartitionedOptimizer:
+def build_optimizer(
+    method: Any, kwargs: dict
+) -> RiemannianOptimizer | ManifoldMuon | PartitionedOptimizer | InjectedOptimizer:
     """A private :class:`RiemannianOptimizer` from a method name, an optimizer or a transform."""
     if isinstance(method, str):
         cls = _METHODS.get(method.lower())
