@@ -12,7 +12,9 @@ backend, for an Algorithm-1 optimizer (Adam) and manifold Muon, with host reads 
   gradient is then the optimizer's to skip and count: ``skipped`` + 1;
 * under ``on_nonfinite="ignore"`` a false flag lets the step through as without one;
 * a bad ``skip`` (a 1-element vector, a float, a string) is a ``TypeError`` naming it, with nothing changed;
-* on JAX the flag is an input of a jitted step: the compiled step skips and takes like the eager one.
+* on JAX the flag is an input of a jitted step: the compiled step skips and takes like the eager one;
+* a partition hands the flag to its members that take it and skips a member of the user's (an
+  ``(init, update)`` pair without ``skip=``) itself: zeroed gradients, old leaves and state selected back.
 """
 
 from __future__ import annotations
@@ -144,3 +146,39 @@ def test_a_jitted_step_takes_the_flag_as_an_input(backend, xp, device, name):
     taken, taken_state = step(params, grads, state, _flag(xp, device, False))
     want, want_state = opt.update(params, grads, state)
     _agree((taken, taken_state), (want, want_state))
+
+
+class _PlainSGD:
+    """An (init, update) pair of the user's, which knows nothing of ``skip=``: θ ← θ − 0.1·g, and a count."""
+
+    def init(self, params, manifolds=None):
+        (leaf,) = params.values()
+        xp = _backend.array_namespace(leaf)
+        return {"count": xp.zeros((), dtype=xp.int32, device=_backend.device(leaf))}
+
+    def update(self, params, grads, state, **kwargs):
+        return {k: p - 0.1 * grads[k] for k, p in params.items()}, {"count": state["count"] + 1}
+
+
+@pytest.mark.parametrize("reads", ["always", "never"])
+def test_a_partition_hands_the_flag_to_its_members_and_skips_the_others_itself(xp, device, host_reads_policy, reads):
+    """A partition of Adam (the manifold leaves) and a user's pair without ``skip=`` (the matrix): a true flag
+    leaves every leaf and both members' states unchanged, bit for bit, Adam's ``skipped`` at 0; a false
+    one is the step without it."""
+    host_reads_policy(reads)
+    params, mans = _tree(xp, device)
+    opt = optim.partition(
+        {"adam": optim.Adam(lr=0.05), "plain": _PlainSGD()},
+        lambda path, leaf: "plain" if path[-1] == "w" else "adam",
+    )
+    state = opt.init(params, mans)
+    params, state = opt.update(params, _grads(params, 0), state)
+    grads = _grads(params, 1)
+    for skip in (True, _flag(xp, device, True)):
+        new, new_state = opt.update(params, grads, state, skip=skip)
+        _same_bits(new, params)
+        _same_bits(new_state, state)
+        assert int(new_state.states["adam"].skipped) == 0
+    got = opt.update(params, grads, state, skip=_flag(xp, device, False))
+    _agree(got, opt.update(params, grads, state))
+    assert float(np.max(np.abs(to_numpy(got[0]["w"]) - to_numpy(params["w"])))) > 1e-3

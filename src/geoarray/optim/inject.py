@@ -72,6 +72,8 @@ class InjectedOptimizer:
 
     def __init__(self, make: Callable[..., Any], injected: dict[str, float], static: dict[str, Any]):
         self.make, self.injected, self.static = make, dict(injected), dict(static)
+        #: ``update`` takes an outside skip flag (``skip=``) where the optimizer it builds does
+        self.takes_skip_flag = bool(getattr(make(**self.static, **self.injected), "takes_skip_flag", False))
         for name in self.injected:  # refuse now, naming it, what make does not take as a schedule
             values: dict[str, Any] = {**self.injected, name: _StateValue(self.injected[name])}
             try:

@@ -146,6 +146,9 @@ class ManifoldMuon:
         leaf; ``"ignore"`` lets NaN through, as ``torch.optim.Muon`` does.
     """
 
+    #: ``update`` takes an outside skip flag (``skip=``: a GradScaler's ``found_inf``)
+    takes_skip_flag = True
+
     #: which leaves this optimizer takes: Stiefel, Grassmann and Euclidean matrices (Muon: matrices only)
     matrices_only = False
 

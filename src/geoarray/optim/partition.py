@@ -30,6 +30,7 @@ import optree
 
 from .. import _backend
 from .layout import LeafPath, is_manifold_leaf, leaf_path
+from .nonfinite import check_skip
 
 __all__ = ["PartitionLayout", "PartitionState", "PartitionedOptimizer", "partition"]
 
@@ -57,6 +58,9 @@ def _path(path: tuple) -> LeafPath:
 
 class PartitionedOptimizer:
     """See :func:`partition`."""
+
+    #: ``update`` takes an outside skip flag (``skip=``), handed on to the members
+    takes_skip_flag = True
 
     def __init__(self, optimizers: dict, labels: Any):
         if not isinstance(optimizers, dict) or not optimizers:
@@ -128,11 +132,27 @@ class PartitionedOptimizer:
         return PartitionState(states, PartitionLayout(treedef, tuple(paths), tuple(labels)))
 
     def update(
-        self, params: Any, grads: Any, state: PartitionState, *, check: bool = True, donate: bool = False
+        self,
+        params: Any,
+        grads: Any,
+        state: PartitionState,
+        *,
+        check: bool = True,
+        donate: bool = False,
+        skip: Any = None,
     ) -> tuple[Any, PartitionState]:
-        """Each member's ``update`` on its leaves (``check`` and ``donate`` are passed on to the members)."""
+        """Each member's ``update`` on its leaves (``check`` and ``donate`` are passed on to the members).
+
+        ``skip``: a step skipped for a reason outside the optimizer (:meth:`RiemannianOptimizer.update
+        <geoarray.optim.RiemannianOptimizer.update>`), handed to the members that take it (geoarray's
+        optimizers); a member of another kind (an ``(init, update)`` pair of the user's) is handed gradients
+        zeroed where the flag is set and its old leaves and state are selected back, so the whole step is
+        skipped, none of it counted as the members' own."""
         if not isinstance(state, PartitionState):
             raise TypeError(f"state must be the PartitionState returned by init, got {type(state).__name__}")
+        skip = check_skip(skip)
+        if skip is True:
+            return params, state
         treedef, paths, labels = state.layout.treedef, list(state.layout.paths), list(state.layout.labels)
         if check and optree.tree_structure(params) != treedef:
             raise ValueError(f"params has tree structure {optree.tree_structure(params)}, init saw {treedef}")
@@ -141,16 +161,42 @@ class PartitionedOptimizer:
         new_params: dict[str, Any] = {}
         new_states = {}
         # members are pure: if one raises on bad input, nothing has changed
+        skip = None if skip is False else skip
         for key, sub in state.states.items():
-            # members may be any (init, update) pair: only geoarray's take check= and donate=
-            kwargs: dict[str, bool] = {} if check else {"check": False}
-            if donate:
+            # members may be any (init, update) pair: only geoarray's take check=, donate= and skip=
+            member = self.optimizers[key]
+            own_skip = skip is not None and getattr(member, "takes_skip_flag", False)
+            kwargs: dict[str, Any] = {} if check else {"check": False}
+            if donate and (skip is None or own_skip):  # a selection of old values (below) needs them kept
                 kwargs["donate"] = True
-            new_params_k, new_states[key] = self.optimizers[key].update(sub_params[key], sub_grads[key], sub, **kwargs)
+            if own_skip:
+                kwargs["skip"] = skip
+            args = (sub_params[key], sub_grads[key], sub)
+            if skip is not None and not own_skip:
+                new_params_k, new_states[key] = _skipped_where(member, *args, skip, kwargs)
+            else:
+                new_params_k, new_states[key] = member.update(*args, **kwargs)
             new_params.update(new_params_k)
         # traced, the treedef made eagerly is not the one dynamo's optree takes: params' own (the same tree)
         out = optree.tree_structure(params) if _backend.is_compiling() else treedef
         return out.unflatten([new_params[p] for p in paths]), PartitionState(new_states, state.layout)
+
+
+def _skipped_where(member: Any, params: dict, grads: dict, state: Any, skip: Any, kwargs: dict) -> tuple[dict, Any]:
+    """A member without ``skip=``: its update on gradients zeroed where ``skip``, and its old leaves and state
+    where ``skip`` (a 0-d boolean array), selected leaf by leaf on the device."""
+    leaves = [x for x in params.values() if hasattr(x, "dtype")]  # a member's params: {path: leaf}
+    if not leaves:
+        return member.update(params, grads, state, **kwargs)
+    xp = _backend.array_namespace(*leaves)
+
+    def on(x: Any) -> Any:
+        return xp.asarray(skip, device=_backend.device(x))
+
+    zeroed = {k: xp.where(on(g), xp.zeros((), dtype=g.dtype, device=_backend.device(g)), g) for k, g in grads.items()}
+    new_params, new_state = member.update(params, zeroed, state, **kwargs)
+    kept = {k: xp.where(on(v), params[k], v) for k, v in new_params.items()}
+    return kept, optree.tree_map(lambda n, o: xp.where(on(n), o, n) if hasattr(n, "dtype") else n, new_state, state)
 
 
 def _arity(fn: Any) -> int | None:

@@ -396,6 +396,9 @@ class RiemannianOptimizer:
         packed = (len(group.indices), *batch) if group.packing == _layout.STACKED else batch
         return optree.tree_map(lambda a: xp.zeros((*packed, *a.shape), dtype=a.dtype, device=_backend.device(a)), one)
 
+    #: ``update`` takes an outside skip flag (``skip=``: a GradScaler's ``found_inf``)
+    takes_skip_flag = True
+
     @property
     def takes_rate_factor(self) -> bool:
         """Whether :meth:`scaled_by` can scale this optimizer's steps: its ``update`` is Algorithm 1's, which runs

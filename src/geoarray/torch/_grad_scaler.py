@@ -15,11 +15,12 @@ the gradients still carry, None where ``scaler.unscale_(opt)`` already removed i
    rounded to float32 as ``GradScaler.unscale_`` does), so that after ``scaler.step`` every ``p.grad``
    holds the unscaled gradient, as on the scaler's own route;
 2. decides on the device. A core that takes an outside skip flag (``update(..., skip=)``: every
-   Algorithm-1 optimizer and manifold Muon, whatever their ``on_nonfinite``) is handed ``found_inf != 0``
-   and masks the step itself (:func:`geoarray.optim.nonfinite.gate`): parameters and state unchanged where
-   it is set, its ``skipped`` count untouched. Any other core (a partition, an optimizer of the user's) is
-   handed gradients zeroed where ``found_inf`` is set (no inf or NaN reaches its linear algebra) and the
-   old parameters and state are selected back: a ``where`` per parameter and per state tensor.
+   Algorithm-1 optimizer, manifold Muon and a partition of them, whatever their ``on_nonfinite``) is
+   handed ``found_inf != 0`` and masks the step itself (:func:`geoarray.optim.nonfinite.gate`): parameters
+   and state unchanged where it is set, its ``skipped`` count untouched. Any other core (an optimizer of
+   the user's) is handed gradients zeroed where ``found_inf`` is set (no inf or NaN reaches its linear
+   algebra) and the old parameters and state are selected back: a ``where`` per parameter and per state
+   tensor.
    ``benchmarks/grad_scaler_step.py`` times both routes.
 
 A step skipped for the scaler is not counted in the state's ``skipped`` (the scaler counts it, in its scale);
@@ -32,8 +33,6 @@ from typing import Any
 
 import torch
 
-from ..optim.manifold_muon import ManifoldMuon
-from ..optim.riemannian import RiemannianOptimizer
 from ._dtensor import _dtensor_type
 
 __all__ = ["scaler_flags", "takes_skip_flag", "unscale_", "zero_where_found"]
@@ -63,8 +62,9 @@ def unscale_(param_groups: list[dict], grad_scale: torch.Tensor) -> None:
 
 
 def takes_skip_flag(core: Any) -> bool:
-    """Whether the core masks a step on an outside skip flag itself (module docstring, 2)."""
-    return isinstance(core, (RiemannianOptimizer, ManifoldMuon))
+    """Whether the core masks a step on an outside skip flag itself (module docstring, 2): its ``update``
+    takes ``skip=`` (``takes_skip_flag``: geoarray's optimizers, partitions of them included)."""
+    return bool(getattr(core, "takes_skip_flag", False))
 
 
 def zero_where_found(grads: list[torch.Tensor], skip: torch.Tensor) -> list[torch.Tensor]:
