@@ -208,3 +208,16 @@ def test_make_train_step_takes_an_injected_optimizer(backend):
     for _ in range(3):
         want, ref_state, _ = ref_step(want, ref_state, batch)
     _agree(got, want)
+
+
+def test_geoarray_torch_refuses_it_and_names_the_param_groups_lr(backend, xp, device):
+    """A torch optimizer keeps its rate in param_groups (torch's schedulers write it there): an optimizer whose
+    rate is in its state is refused with a TypeError that says so, not wrapped as a gradient transformation."""
+    if backend.kind != "torch":
+        pytest.skip("geoarray.torch needs torch tensors")
+    import geoarray.torch as gt
+
+    M = Stiefel(6, 2)
+    W = gt.ManifoldParameter(M.random(0, xp=xp, device=device), M)
+    with pytest.raises(TypeError, match=r"param_groups\[i\]\['lr'\]"):
+        gt.Optimizer([W], optim.inject_hyperparams(optim.Adam)(lr=0.05))

@@ -266,6 +266,12 @@ class Optimizer(torch.optim.Optimizer):
         self._lr_reference: float | None = None  # None: the group's lr when the core was built
         self._lr_rebuilds = False  # True: lr changes rebuild the core (it cannot be scaled)
         self._recipe = core if isinstance(core, Recipe) else None
+        if isinstance(core, _optim.InjectedOptimizer):
+            raise TypeError(
+                f"{core!r} keeps its rate in its own state, and a torch optimizer keeps it in its param groups "
+                "(where torch's LR schedulers write it): pass the optimizer without inject_hyperparams, e.g. "
+                "geoarray.torch.Optimizer(params, geoarray.optim.Adam(lr=1e-3)), and change param_groups[i]['lr']"
+            )
         if self._recipe is not None:
             pass  # _make_core builds each group's core by the recipe
         elif isinstance(core, _optim.OPTIMIZER_TYPES):
