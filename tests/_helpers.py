@@ -223,3 +223,41 @@ def host_waits(fn):
     with Count():
         out = fn()
     return seen, out
+
+
+def frames_tree(xp: Any, device: Any) -> tuple[dict, dict]:
+    """A small tree that an optimizer's tests step: two stacked Stiefel(9, 3) frames, a Grassmann(7, 2) point and
+    a Euclidean (4, 3) matrix (float64); returns ``(params, manifolds)``."""
+    from geoarray.manifolds import Grassmann, Stiefel
+
+    S, G = Stiefel(9, 3), Grassmann(7, 2)
+    params = {
+        "frames": S.random(0, xp=xp, batch_shape=(2,), device=device),
+        "subspace": G.random(1, xp=xp, device=device),
+        "w": geoarray.random.normal(2, (4, 3), xp=xp, device=device),
+    }
+    return params, {"frames": S, "subspace": G, "w": None}
+
+
+def random_like(params: Any, seed: int) -> Any:
+    """A tree like ``params`` of standard normal arrays (each leaf its own seed from ``seed``): a gradient."""
+    import optree
+
+    leaves, spec = optree.tree_flatten(params)
+    xp = array_namespace(*leaves)
+    out = [
+        geoarray.random.normal(seed + i, tuple(x.shape), xp=xp, dtype=x.dtype, device=_backend.device(x))
+        for i, x in enumerate(leaves)
+    ]
+    return optree.tree_unflatten(spec, out)
+
+
+def assert_trees_agree(got: Any, want: Any) -> None:
+    """Every floating leaf of ``got`` agrees with ``want``'s to AGREE_RTOL; integer leaves (counters) are equal."""
+    import optree
+
+    for a, b in zip(optree.tree_leaves(got), optree.tree_leaves(want), strict=True):
+        if np.issubdtype(to_numpy(b).dtype, np.integer):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        else:
+            assert_agree(a, b)

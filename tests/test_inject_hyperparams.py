@@ -20,10 +20,9 @@ import numpy as np
 import optree
 import pytest
 
-import geoarray
-from _helpers import assert_agree, to_numpy
-from geoarray import _backend, optim
-from geoarray.manifolds import Grassmann, Stiefel
+from _helpers import assert_trees_agree, frames_tree, random_like, to_numpy
+from geoarray import optim
+from geoarray.manifolds import Stiefel
 
 MAKERS = {
     "Adam": optim.Adam,
@@ -34,32 +33,8 @@ MAKERS = {
 }
 
 
-def _tree(xp, device):
-    S, G = Stiefel(9, 3), Grassmann(7, 2)
-    params = {
-        "frames": S.random(0, xp=xp, batch_shape=(2,), device=device),
-        "subspace": G.random(1, xp=xp, device=device),
-        "w": geoarray.random.normal(2, (4, 3), xp=xp, device=device),
-    }
-    return params, {"frames": S, "subspace": G, "w": None}
-
-
 def _grads(params, k):
-    leaves, spec = optree.tree_flatten(params)
-    xp = _backend.array_namespace(*leaves)
-    out = [
-        geoarray.random.normal(70 + 10 * k + i, tuple(x.shape), xp=xp, dtype=x.dtype, device=_backend.device(x))
-        for i, x in enumerate(leaves)
-    ]
-    return optree.tree_unflatten(spec, out)
-
-
-def _agree(got, want):
-    for a, b in zip(optree.tree_leaves(got), optree.tree_leaves(want), strict=True):
-        if np.issubdtype(to_numpy(b).dtype, np.integer):
-            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-        else:
-            assert_agree(a, b)
+    return random_like(params, 70 + 10 * k)
 
 
 def _run(opt, params, mans, rates=None, state=None):
@@ -73,21 +48,21 @@ def _run(opt, params, mans, rates=None, state=None):
 
 @pytest.mark.parametrize("name", list(MAKERS))
 def test_an_injected_rate_takes_the_steps_of_the_same_constant_rate(xp, device, name):
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     lr = 0.03
     got, got_state = _run(optim.inject_hyperparams(MAKERS[name])(lr=lr), params, mans)
     schedule_built = MAKERS[name](lr=lambda t: lr * xp.ones_like(t))  # the same rate as a schedule: same state
     want, want_state = _run(schedule_built, params, mans)
-    _agree(got, want)
-    _agree(got_state.inner, want_state)
+    assert_trees_agree(got, want)
+    assert_trees_agree(got_state.inner, want_state)
     constant, _ = _run(MAKERS[name](lr=lr), params, mans)
-    _agree(got, constant)
+    assert_trees_agree(got, constant)
     assert float(np.max(np.abs(to_numpy(got["frames"]) - to_numpy(params["frames"])))) > 1e-3
 
 
 @pytest.mark.parametrize("as_number", [False, True], ids=["array", "number"])
 def test_a_rate_put_in_the_state_is_the_rate_of_the_next_steps(xp, device, as_number):
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     opt = optim.inject_hyperparams(optim.Adam)(lr=0.05)
 
     def lower(state):
@@ -102,14 +77,14 @@ def test_a_rate_put_in_the_state_is_the_rate_of_the_next_steps(xp, device, as_nu
         return 0.05 - 0.04 * xp.astype(t > 2, t.dtype)
 
     want, want_state = _run(optim.Adam(lr=piecewise), params, mans)
-    _agree(got, want)
-    _agree(got_state.inner, want_state)
+    assert_trees_agree(got, want)
+    assert_trees_agree(got_state.inner, want_state)
     assert float(to_numpy(got_state.hyperparams["lr"])) == 0.01
     assert hasattr(got_state.hyperparams["lr"], "shape")  # a number put there comes back as an array
 
 
 def test_the_state_saves_and_loads_bit_exactly_with_the_rate_in_force(xp, device, tmp_path):
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     opt = optim.inject_hyperparams(optim.Adam)(lr=0.05)
     params, state = _run(opt, params, mans)
     state = state._replace(hyperparams={"lr": xp.asarray(0.02, dtype=xp.float64, device=device)})
@@ -126,7 +101,7 @@ def test_the_state_saves_and_loads_bit_exactly_with_the_rate_in_force(xp, device
 
 
 def test_the_optimizers_keywords_pass_through(xp, device):
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     opt = optim.inject_hyperparams(optim.Adam)(lr=0.05, beta1=0.8, on_nonfinite="skip")
     assert opt.static == {"beta1": 0.8, "on_nonfinite": "skip"}
     state = opt.init(params, mans)
@@ -136,7 +111,7 @@ def test_the_optimizers_keywords_pass_through(xp, device):
 
 
 def test_bad_input_is_named(xp, device):
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     with pytest.raises(TypeError, match="give the first value of lr"):
         optim.inject_hyperparams(optim.Adam)(beta1=0.9)
     with pytest.raises(TypeError, match="lr must be a finite number"):
@@ -161,7 +136,7 @@ def test_a_jitted_update_takes_the_rate_as_an_input(backend, xp, device):
         pytest.skip("jax.jit: JAX only")
     import jax
 
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     opt = optim.inject_hyperparams(optim.Adam)(lr=0.05)
     traces = []
 
@@ -176,7 +151,7 @@ def test_a_jitted_update_takes_the_rate_as_an_input(backend, xp, device):
     for lr in (0.05, 0.01):
         s = state._replace(hyperparams={"lr": xp.asarray(lr, dtype=xp.float64)})
         out[lr] = step(params, grads, s)
-        _agree(out[lr], opt.update(params, grads, s))
+        assert_trees_agree(out[lr], opt.update(params, grads, s))
     assert len(traces) == 1
     assert float(np.max(np.abs(to_numpy(out[0.05][0]["w"]) - to_numpy(out[0.01][0]["w"])))) > 1e-3
 
@@ -207,7 +182,7 @@ def test_make_train_step_takes_an_injected_optimizer(backend):
     want = params
     for _ in range(3):
         want, ref_state, _ = ref_step(want, ref_state, batch)
-    _agree(got, want)
+    assert_trees_agree(got, want)
 
 
 def test_geoarray_torch_refuses_it_and_names_the_param_groups_lr(backend, xp, device):

@@ -23,10 +23,8 @@ import numpy as np
 import optree
 import pytest
 
-import geoarray
-from _helpers import assert_agree, to_numpy
+from _helpers import assert_trees_agree, frames_tree, random_like, to_numpy
 from geoarray import _backend, optim
-from geoarray.manifolds import Grassmann, Stiefel
 
 OPTIMIZERS = {
     "Adam": lambda **kw: optim.Adam(lr=0.05, **kw),
@@ -34,26 +32,11 @@ OPTIMIZERS = {
 }
 
 
-def _tree(xp, device):
-    S, G = Stiefel(10, 3), Grassmann(8, 2)
-    params = {
-        "frames": S.random(0, xp=xp, batch_shape=(3,), device=device),
-        "subspace": G.random(1, xp=xp, device=device),
-        "w": geoarray.random.normal(2, (4, 3), xp=xp, device=device),
-    }
-    return params, {"frames": S, "subspace": G, "w": None}
-
-
 def _grads(params, k, poison=False):
-    leaves, spec = optree.tree_flatten(params)
-    xp = _backend.array_namespace(*leaves)
-    out = [
-        geoarray.random.normal(50 + 10 * k + i, tuple(x.shape), xp=xp, dtype=x.dtype, device=_backend.device(x))
-        for i, x in enumerate(leaves)
-    ]
+    grads = random_like(params, 50 + 10 * k)
     if poison:
-        out[0] = out[0] * float("nan")
-    return optree.tree_unflatten(spec, out)
+        grads["frames"] = grads["frames"] * float("nan")
+    return grads
 
 
 def _flag(xp, device, value):
@@ -63,19 +46,10 @@ def _flag(xp, device, value):
 def _started(name, xp, device, **kw):
     """The optimizer after one ordinary step (so that its state is not all zeros), its params and state."""
     opt = OPTIMIZERS[name](**kw)
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     state = opt.init(params, mans)
     params, state = opt.update(params, _grads(params, 0), state)
     return opt, params, state
-
-
-def _agree(got, want):
-    """Every array of ``got`` agrees with ``want``'s to AGREE_RTOL; counters (integers) are equal."""
-    for a, b in zip(optree.tree_leaves(got), optree.tree_leaves(want), strict=True):
-        if np.issubdtype(to_numpy(b).dtype, np.integer):
-            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-        else:
-            assert_agree(a, b)
 
 
 def _same_bits(a, b):
@@ -106,7 +80,7 @@ def test_a_step_not_skipped_is_the_step_without_the_flag(xp, device, host_reads_
         grads = _grads(params, 1)
         want, want_state = opt.update(params, grads, state)
         got, got_state = opt.update(params, grads, state, skip=_flag(xp, device, False))
-        _agree((got, got_state), (want, want_state))
+        assert_trees_agree((got, got_state), (want, want_state))
         assert float(np.max(np.abs(to_numpy(got["frames"]) - to_numpy(params["frames"])))) > 1e-3  # it moved
 
 
@@ -145,7 +119,7 @@ def test_a_jitted_step_takes_the_flag_as_an_input(backend, xp, device, name):
     _same_bits(new_state, state)
     taken, taken_state = step(params, grads, state, _flag(xp, device, False))
     want, want_state = opt.update(params, grads, state)
-    _agree((taken, taken_state), (want, want_state))
+    assert_trees_agree((taken, taken_state), (want, want_state))
 
 
 class _PlainSGD:
@@ -166,7 +140,7 @@ def test_a_partition_hands_the_flag_to_its_members_and_skips_the_others_itself(x
     leaves every leaf and both members' states unchanged, bit for bit, Adam's ``skipped`` at 0; a false
     one is the step without it."""
     host_reads_policy(reads)
-    params, mans = _tree(xp, device)
+    params, mans = frames_tree(xp, device)
     opt = optim.partition(
         {"adam": optim.Adam(lr=0.05), "plain": _PlainSGD()},
         lambda path, leaf: "plain" if path[-1] == "w" else "adam",
@@ -180,5 +154,5 @@ def test_a_partition_hands_the_flag_to_its_members_and_skips_the_others_itself(x
         _same_bits(new_state, state)
         assert int(new_state.states["adam"].skipped) == 0
     got = opt.update(params, grads, state, skip=_flag(xp, device, False))
-    _agree(got, opt.update(params, grads, state))
+    assert_trees_agree(got, opt.update(params, grads, state))
     assert float(np.max(np.abs(to_numpy(got[0]["w"]) - to_numpy(params["w"])))) > 1e-3
