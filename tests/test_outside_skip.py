@@ -153,6 +153,10 @@ def test_a_partition_hands_the_flag_to_its_members_and_skips_the_others_itself(x
         _same_bits(new, params)
         _same_bits(new_state, state)
         assert int(new_state.states["adam"].skipped) == 0
+    with pytest.raises(ValueError, match="tree structure"):  # a skipped step checks its input like any other
+        opt.update({"w": params["w"]}, {"w": grads["w"]}, state, skip=True)
+    with pytest.raises(TypeError, match="skip must be None, a bool or a 0-d boolean array"):
+        opt.update(params, grads, state, skip="yes")
     got = opt.update(params, grads, state, skip=_flag(xp, device, False))
     assert_trees_agree(got, opt.update(params, grads, state))
     assert float(np.max(np.abs(to_numpy(got[0]["w"]) - to_numpy(params["w"])))) > 1e-3

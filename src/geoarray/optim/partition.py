@@ -151,11 +151,11 @@ class PartitionedOptimizer:
         if not isinstance(state, PartitionState):
             raise TypeError(f"state must be the PartitionState returned by init, got {type(state).__name__}")
         skip = check_skip(skip)
-        if skip is True:
-            return params, state
         treedef, paths, labels = state.layout.treedef, list(state.layout.paths), list(state.layout.labels)
         if check and optree.tree_structure(params) != treedef:
             raise ValueError(f"params has tree structure {optree.tree_structure(params)}, init saw {treedef}")
+        if skip is True:  # checked like any step, then nothing to do
+            return params, state
         sub_params = self._members(params, treedef, paths, labels)
         sub_grads = self._members(grads, treedef, paths, labels)
         new_params: dict[str, Any] = {}
