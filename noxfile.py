@@ -135,8 +135,9 @@ def _inductor_env(cache_dir: str) -> dict[str, str]:
       three inductor tests at 38 s where a clean machine takes 67 s (2026-11-30, this Xeon);
     * without inductor's probe of the CPU's vector instruction sets (``TORCHINDUCTOR_VEC_ISA_OK=1``: the
       sets /proc/cpuinfo lists are used as they are). With an empty cache every process built and loaded
-      a test library for each of them, 6–12 s before its first kernel (measured on one compiled Adam
-      step: 18.6 s against 24.5 s). The kernels themselves are built as before.
+      a test library for each of them, 5–10 s before its first kernel (one compiled Adam step from an
+      empty cache, three interleaved pairs on a machine whose speed varied: 18.6, 30.0, 35.0 s against
+      24.5, 39.8, 40.0 s). The kernels themselves are built as before.
 
     A caller's TORCHINDUCTOR_CACHE_DIR and TORCHINDUCTOR_VEC_ISA_OK win."""
     env = {}
