@@ -13,7 +13,7 @@ CUDA sessions detect a missing GPU when this file loads and skip without buildin
 
 Environments are built by uv when it is installed (``pip install 'nox[uv]'``, what .ci/run does), by
 virtualenv and pip otherwise; each session logs its setup time (venv and installs) and pytest's 25
-slowest tests.
+slowest tests, and the JAX sessions how many programs XLA compiled and in how long (``tests/_jax_compiles.py``).
 
 ``nox -t cpu`` (what .ci/run runs) holds the four backends and ``docs-fast``, so a broken docstring, an
 unresolved cross-reference or an undocumented public name fails CI (about a minute with uv: 7 s of installs

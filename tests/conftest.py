@@ -43,6 +43,41 @@ def pytest_configure(config):
             f"GEOARRAY_HOST_READS={policy!r} is not a host reads policy; choose one of {', '.join(HOST_READS)}"
         )
     geoarray.set_host_reads(policy)
+    b = config._geoarray_backend
+    if b.kind == "jax" and not b.skip:
+        import _jax_compiles
+
+        config._jax_compiles = _jax_compiles.start()  # the session's compile count (tests/_jax_compiles.py)
+        config._jax_compiles_seen = ({}, 0)  # the xdist workers' totals and how many there were
+
+
+def pytest_sessionfinish(session):
+    counter = getattr(session.config, "_jax_compiles", None)
+    if counter is not None and hasattr(session.config, "workeroutput"):  # an xdist worker: to the controller
+        session.config.workeroutput["jax_compiles"] = counter.totals()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker finished; add its compile totals to the controller's."""
+    totals = getattr(node, "workeroutput", {}).get("jax_compiles")
+    config = node.config
+    if totals is not None and hasattr(config, "_jax_compiles_seen"):
+        import _jax_compiles
+
+        seen, workers = config._jax_compiles_seen
+        config._jax_compiles_seen = (_jax_compiles.add(seen, totals), workers + 1)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    counter = getattr(config, "_jax_compiles", None)
+    if counter is None or hasattr(config, "workeroutput"):
+        return
+    import _jax_compiles
+
+    seen, workers = config._jax_compiles_seen
+    totals, processes = (seen, workers) if workers else (counter.totals(), 1)
+    terminalreporter.write_line(_jax_compiles.summary(totals, processes))
 
 
 def pytest_report_header(config):

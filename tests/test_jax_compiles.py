@@ -1,0 +1,47 @@
+"""The JAX sessions' log line of compiled programs (``tests/_jax_compiles.py``): the counter counts each XLA
+compilation and lowering once, a program already compiled is not counted again, and an unregistered
+counter counts nothing more; the totals of two processes add, and the line says what it counts."""
+
+from __future__ import annotations
+
+import random
+
+import _jax_compiles
+import numpy as np
+import pytest
+
+
+def test_a_counter_counts_each_new_program_once(backend):
+    if backend.kind != "jax":
+        pytest.skip("it counts what JAX reports through jax.monitoring")
+    import jax
+    import jax.numpy as jnp
+
+    c = random.random()  # a constant no other program holds: not in the persistent compilation cache
+    f = jax.jit(lambda a: jnp.tanh(a) * c + 1.0)
+    x = jnp.asarray(np.arange(6.0).reshape(2, 3))
+    counter = _jax_compiles.start()
+    try:
+        f(x).block_until_ready()
+        first = counter.totals()
+        f(x + 1.0).block_until_ready()  # the same program again (x + 1.0 is another, eager, program)
+        again = counter.totals()
+    finally:
+        counter.stop()
+    jax.jit(lambda a: a * c - 2.0)(x).block_until_ready()  # after stop(): not counted
+    assert first["compile"] >= 1 and first["lower"] >= 1, first
+    assert first["compile_s"] > 0 and first["lower_s"] > 0, first
+    # the second call of f compiles nothing; only the eager x + 1.0 may (at most one program)
+    assert again["compile"] - first["compile"] <= 1, (first, again)
+    assert counter.totals() == again, "a stopped counter must not count"
+
+
+def test_the_totals_of_two_processes_add_and_the_line_says_what_they_count():
+    a = {"compile": 3, "compile_s": 0.5, "lower": 3, "lower_s": 0.25}
+    b = {"compile": 4, "compile_s": 1.0, "lower": 5, "lower_s": 0.5}
+    total = _jax_compiles.add(a, b)
+    assert total == {"compile": 7, "compile_s": 1.5, "lower": 8, "lower_s": 0.75}
+    assert _jax_compiles.add({}, a) == a
+    line = _jax_compiles.summary(total, 2)
+    assert line == "JAX: 7 programs compiled by XLA in 1.5 s (lowered in 0.8 s), 2 processes", line
+    assert _jax_compiles.summary(a, 1).endswith(", 1 process")
