@@ -151,6 +151,8 @@ def _to_backend(a: np.ndarray, xp: Any, device: Any, dtype: str, dt: Any) -> Any
         a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).round().astype(np.int64)
     elif dtype == "complex128":
         a = a.astype(np.complex128)
-    if dtype == "float16":
-        a = a.astype(np.float16)
+    if dtype in ("float16", "float32", "float64"):
+        # rounded on the host (as every backend rounds: to nearest even): JAX would compile a conversion
+        # program for every new shape
+        a = a.astype(dtype)
     return xp.asarray(a, dtype=dt, device=device)

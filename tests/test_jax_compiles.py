@@ -1,6 +1,7 @@
 """The JAX sessions' log line of compiled programs (``tests/_jax_compiles.py``): the counter counts each XLA
 compilation and lowering once, a program already compiled is not counted again, and an unregistered
-counter counts nothing more; the totals of two processes add, and the line says what it counts."""
+counter counts nothing more; the totals of two processes add, and the line says what it counts. And the
+library's small helpers compile one program each for a new shape on eager JAX."""
 
 from __future__ import annotations
 
@@ -45,3 +46,45 @@ def test_the_totals_of_two_processes_add_and_the_line_says_what_they_count():
     line = _jax_compiles.summary(total, 2)
     assert line == "JAX: 7 programs compiled by XLA in 1.5 s (lowered in 0.8 s), 2 processes", line
     assert _jax_compiles.summary(a, 1).endswith(", 1 process")
+
+
+def test_the_librarys_small_helpers_are_one_program_each_on_eager_jax(backend):
+    """On eager JAX a random Stiefel point, ``is_point``, ``point_error`` and the finiteness flag each compile one
+    program for a new shape, and a native Householder QR two (the factorisation and the compact-WY T), through
+    ``_backend.compiled``, not one per operation (before: 8–9 for a random point, 5 for ``is_point``, 8 for the
+    QR's factorisation, 2 for the flag). Each is called first on another shape, which compiles the few
+    shape-free scalar programs once per process; then counted on a shape no other test uses (N drawn from
+    40–199). A program that another process of the session has compiled is read from the persistent cache
+    and counts 0, hence "at most"."""
+    if backend.kind != "jax":
+        pytest.skip("it counts what eager JAX compiles (jax.monitoring)")
+    import jax.numpy as jnp
+
+    import geoarray
+    from geoarray import _backend, linalg
+
+    def calls(M, Y):
+        return {
+            "Stiefel.random": (1, lambda: M.random(1, xp=jnp, batch_shape=(2,))),
+            "Stiefel.is_point": (1, lambda: M.is_point(Y)),
+            "Stiefel.point_error": (1, lambda: M.point_error(Y)),
+            "householder_qr": (2, lambda: linalg.householder_qr(Y).V),
+            "all_finite": (1, lambda: _backend.all_finite(Y, jnp)),
+        }
+
+    warm = geoarray.Stiefel(7, 2)
+    for _, call in calls(warm, warm.random(0, xp=jnp, batch_shape=(2,))).values():
+        call()
+    M = geoarray.Stiefel(random.randrange(40, 200), 3)
+    Y = M.random(0, xp=jnp, batch_shape=(2,))
+    counts, bounds = {}, {}
+    for name, (bound, call) in calls(M, Y).items():
+        counter = _jax_compiles.start()
+        try:
+            out = call()
+            if hasattr(out, "block_until_ready"):
+                out.block_until_ready()
+        finally:
+            counter.stop()
+        counts[name], bounds[name] = counter.totals()["compile"], bound
+    assert all(counts[k] <= bounds[k] for k in counts), f"programs compiled for a new shape: {counts}, at most {bounds}"

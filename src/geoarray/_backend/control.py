@@ -28,6 +28,12 @@ def all_finite(x: Array, xp: Namespace) -> Array:
     """
     if is_torch(xp) and not is_compiling():
         return xp.isfinite(xp.sum(x * 0))
+    if is_jax(xp):  # one program (eager: isfinite and all would each compile for every new shape)
+        return compiled(_all_of_isfinite, xp, "xp")(x, xp=xp)
+    return _all_of_isfinite(x, xp)
+
+
+def _all_of_isfinite(x: Array, xp: Namespace) -> Array:
     return xp.all(xp.isfinite(x))
 
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._typing import Array
-from .control import is_compiling, is_traced
+from .control import compiled, is_compiling, is_traced
 from .namespace import (
     array_namespace,
     backend_name,
@@ -909,7 +909,10 @@ def _geqrf_jax(A: Array) -> tuple[Array, Array, Array]:
     # XLA's geqrf (LAPACK on CPU, cuSOLVER on GPU) through the public raw mode: the generic path unrolls
     # one Householder step per column into the traced program, which made jit compiles of an optimizer
     # step take tens of seconds
-    import jax.numpy as jnp
+    # one compiled program: eager, its eight operations would each compile for every new shape
+    return compiled(_geqrf_jax_program, array_namespace(A), "xp")(A, xp=array_namespace(A))
 
-    h, tau = jnp.linalg.qr(A, mode="raw")  # like NumPy: the LAPACK factor, transposed
-    return _split_geqrf(jnp.swapaxes(h, -1, -2), tau, array_namespace(A), column_major=False)
+
+def _geqrf_jax_program(A: Array, xp: Namespace) -> tuple[Array, Array, Array]:
+    h, tau = xp.linalg.qr(A, mode="raw")  # like NumPy: the LAPACK factor, transposed
+    return _split_geqrf(xp.matrix_transpose(h), tau, xp, column_major=False)

@@ -117,6 +117,29 @@ def _written(Y: Array, out: Array | None) -> Array:
     return out
 
 
+# Eager JAX compiles every operation of a new shape on its first call (~10 ms each on a CPU): these small
+# computations, run on weights of many shapes, are one program each there (_backend.compiled); elsewhere
+# they are the functions themselves.
+
+
+def _haar_factor(A: Array, xp: Any) -> Array:
+    """Q·diag(sign(diag R)) for A = QR: with A Gaussian, a Haar-distributed point (Mezzadri 2006)."""
+    Q, R = xp.linalg.qr(A)
+    d = xp.linalg.diagonal(R)
+    signs = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
+    return Q * signs[..., None, :]
+
+
+def _orthonormal_within(Y: Array, atol: Any, xp: Any) -> Array:
+    """Whether |YᵀY − I| ≤ atol entrywise over the whole stack (a 0-d bool array; True for an empty one)."""
+    return xp.all(xp.abs(xp.matrix_transpose(Y) @ Y - linalg.eye(Y.shape[-1], Y)) <= atol)
+
+
+def _orthonormality_error(Y: Array, xp: Any) -> Array:
+    """max |YᵀY − I| over a non-empty stack (a 0-d array)."""
+    return xp.max(xp.abs(xp.matrix_transpose(Y) @ Y - linalg.eye(Y.shape[-1], Y)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The manifold
 # ---------------------------------------------------------------------------------------------
@@ -214,10 +237,7 @@ class OrthonormalFrames(Manifold):
         """
         xp = as_namespace(xp)
         A = _random.normal(seed, (*check_batch_shape(batch_shape), self.N, self.n), xp=xp, dtype=dtype, device=device)
-        Q, R = xp.linalg.qr(A)
-        d = xp.linalg.diagonal(R)
-        signs = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
-        return Q * signs[..., None, :]
+        return _backend.compiled(_haar_factor, xp, "xp")(A, xp=xp)
 
     def is_point(self, Y: Array, atol: float | None = None) -> bool:
         """``max |YᵀY − I| ≤ atol`` over the whole batch (default 1e-10 in float64, 1e-4 in float32, 4e-3 in
@@ -227,8 +247,7 @@ class OrthonormalFrames(Manifold):
         atol = self.default_atol(Y.dtype, xp) if atol is None else atol
         if _backend.dtype_name(Y.dtype) in ("float16", "bfloat16"):
             Y = xp.astype(Y, xp.float32)
-        err = xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y)
-        return bool(xp.all(xp.abs(err) <= atol))
+        return bool(_backend.compiled(_orthonormal_within, xp, "xp")(Y, atol, xp=xp))
 
     def point_error(self, Y: Array) -> float:
         """``max |YᵀY − I|`` over the batch (0 for an empty batch), in float32 at least."""
@@ -238,7 +257,7 @@ class OrthonormalFrames(Manifold):
             Y = xp.astype(Y, xp.float32)
         if math.prod(Y.shape) == 0:
             return 0.0
-        return float(xp.max(xp.abs(xp.matrix_transpose(Y) @ Y - linalg.eye(self.n, Y))))
+        return float(_backend.compiled(_orthonormality_error, xp, "xp")(Y, xp=xp))
 
     def nearest_point(self, Y: Array) -> Array:
         """The orthogonal polar factor U Vᵀ of Y = U Σ Vᵀ: the nearest matrix with orthonormal columns in
