@@ -14,10 +14,13 @@ keeps its old values and state and counts the step in its ``skipped`` (selected 
 read). The option is a param-group key holding a bool, not a process group, because ZeRO copies its
 keywords into its own param groups, which its ``state_dict`` saves (a process group cannot be pickled).
 The agreement spans all ranks of the default group: under data parallelism they all step each time.
+A cohort of FSDP2's DTensors (``geoarray.torch._dtensor``) agrees through the same :func:`agree_on_step`,
+over the groups of its device mesh.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import optree
@@ -53,20 +56,25 @@ def check_skip_together(group: dict, gi: Any) -> None:
         )
 
 
-def agree_on_step(results: list, device: torch.device) -> list:
-    """The values and states to write after every rank of the default process group agreed on taking
-    the step.
+def agree_on_step(results: list, device: torch.device, groups: Sequence[Any] = (None,)) -> list:
+    """The values and states to write after the ranks agreed on taking the step: the one agreement of
+    geoarray.torch's steps, for ZeRO's ``skip_together`` (the default process group, over every such cohort
+    of the rank) and for a cohort of FSDP2's DTensors (``_dtensor.Views.agree``: the groups of its device
+    mesh, one per dimension).
 
     ``results`` holds, per cohort, ``(leaves, new, old_state, new_state)`` — its old values, its computed
     values, its state before and after the core's update — or None for a cohort outside the agreement.
-    Returns ``(values, state)`` per agreeing cohort, None for the others."""
+    One all-reduce (MIN) per process group in ``groups`` (None: the default group) of a 0-d int32 on
+    ``device``, "every cohort of this rank took its step" (its ``skipped`` count did not grow). Returns
+    ``(values, state)`` per agreeing cohort, None for the others."""
     import torch.distributed as dist
 
     took = torch.ones((), dtype=torch.int32, device=device)
     for r in results:
         if r is not None:
             took = took * (r[3].skipped == r[2].skipped).to(device=device, dtype=torch.int32)
-    dist.all_reduce(took, op=dist.ReduceOp.MIN)
+    for group in groups:
+        dist.all_reduce(took, op=dist.ReduceOp.MIN, group=group)
     every = took.bool()
     return [None if r is None else keep_where_taken(every, r[0], r[1], r[2], r[3], count_skip=True) for r in results]
 

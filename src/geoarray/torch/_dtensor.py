@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from ._agreement import keep_where_taken
+from ._agreement import agree_on_step
 from .parameter import ManifoldParameter, manifold_of
 
 __all__ = ["Views", "fully_shard", "views"]
@@ -296,14 +296,11 @@ class Views:
         host read. Returns the values and state to keep."""
         if not self._agree_after:
             return new, new_state
-        import torch.distributed as dist
-
-        took = (new_state.skipped == old_state.skipped).to(torch.int32)
         own = next(k for k, mode in enumerate(self.modes) if mode in ("local", "owner"))
         mesh = self.params[own].device_mesh
-        for d in range(mesh.ndim):
-            dist.all_reduce(took, op=dist.ReduceOp.MIN, group=mesh.get_group(d))
-        return keep_where_taken(took.bool(), self.leaves, new, old_state, new_state, count_skip=True)
+        groups = [mesh.get_group(d) for d in range(mesh.ndim)]
+        (kept,) = agree_on_step([(self.leaves, new, old_state, new_state)], new_state.skipped.device, groups)
+        return kept
 
     def write(self, new: list) -> None:
         targets, values = [], []
