@@ -672,3 +672,34 @@ def test_a_bad_recipe_is_refused_when_made(torch, gt, kwargs, message):
     """A recipe is checked when it is made, naming the field and the fix, before any optimizer uses it."""
     with pytest.raises(TypeError, match=message):
         gt.Recipe(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "Gradient", "Momentum", "PaperAdam"],
+)
+def test_a_named_optimizers_defaults_are_its_arguments(torch, gt, device, name):
+    """Every argument of a named optimizer's constructor but ``params``, ``skip_together`` (the optimizer's own)
+    and, for the paper's methods, ``capturable`` (also the optimizer's) is a param-group default holding the
+    value given, and no other key is, ``betas`` as a tuple (``param_groups.group_defaults``); AdamW's
+    ``decoupled_weight_decay`` is set, not an argument. Each is given a value other than its default, so a
+    key taken from the wrong argument shows."""
+    import inspect
+
+    cls = getattr(gt, name)
+    signature = inspect.signature(cls.__init__)
+    own = {"self", "params", "skip_together"} | (
+        {"capturable"} if name in ("Gradient", "Momentum", "PaperAdam") else set()
+    )
+    given = {"lr": 0.25, "betas": [0.5, 0.75], "stabilize": 3, "seed": 7, "on_nonfinite": "raise"}
+    kwargs = {k: v for k, v in given.items() if k in signature.parameters}
+    opt = cls([torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.float64, device=device))], **kwargs)
+    expected = {k: p.default for k, p in signature.parameters.items() if k not in own}
+    expected.update({k: tuple(v) if k == "betas" else v for k, v in kwargs.items()})
+    if name == "AdamW":
+        expected["decoupled_weight_decay"] = True
+    assert {k: opt.defaults.get(k, "missing") for k in expected} == expected
+    # the optimizer's own options, which geoarray.torch.Optimizer adds to every group
+    assert set(opt.defaults) - set(expected) <= {"capturable", "skip_together"}, sorted(opt.defaults)
+    group = opt.param_groups[0]
+    assert {k: group.get(k, "missing") for k in expected} == expected

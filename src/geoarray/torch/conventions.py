@@ -62,7 +62,7 @@ from ..optim import torch_rules as _rules
 from ..optim import transforms as _t
 from ..optim.riemannian import RiemannianOptimizer
 from .optimizer import Optimizer, Recipe
-from .param_groups import core_options, group_core_options, live, live_or_zero
+from .param_groups import group_core_options, group_defaults, live, live_or_zero
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop"]
 
@@ -201,23 +201,7 @@ class Adam(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "amsgrad": amsgrad,
-            "maximize": maximize,
-            "foreach": foreach,
-            "capturable": capturable,
-            "differentiable": differentiable,
-            "fused": fused,
-            "decoupled_weight_decay": decoupled_weight_decay,
-            "delta": delta,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, ADAM_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, ADAM_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 class AdamW(Adam):
@@ -312,20 +296,7 @@ class SGD(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "momentum": momentum,
-            "dampening": dampening,
-            "weight_decay": weight_decay,
-            "nesterov": nesterov,
-            "maximize": maximize,
-            "foreach": foreach,
-            "differentiable": differentiable,
-            "fused": fused,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, SGD_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, SGD_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 # -- torch.optim's other adaptive methods: RMSprop, Adagrad, Adamax, NAdam, RAdam ------------------------------
@@ -416,21 +387,7 @@ class RMSprop(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "alpha": alpha,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "momentum": momentum,
-            "centered": centered,
-            "capturable": capturable,
-            "foreach": foreach,
-            "maximize": maximize,
-            "differentiable": differentiable,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, RMSPROP_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, RMSPROP_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 def _adagrad_live(group: dict, gi: Any) -> None:
@@ -498,20 +455,7 @@ class Adagrad(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "lr_decay": lr_decay,
-            "weight_decay": weight_decay,
-            "initial_accumulator_value": initial_accumulator_value,
-            "eps": eps,
-            "foreach": foreach,
-            "maximize": maximize,
-            "differentiable": differentiable,
-            "fused": fused,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, ADAGRAD_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, ADAGRAD_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 def _adamax_live(group: dict, gi: Any) -> None:
@@ -565,19 +509,7 @@ class Adamax(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "foreach": foreach,
-            "maximize": maximize,
-            "differentiable": differentiable,
-            "capturable": capturable,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, ADAMAX_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, ADAMAX_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 def _nadam_live(group: dict, gi: Any) -> None:
@@ -647,21 +579,7 @@ class NAdam(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "momentum_decay": momentum_decay,
-            "decoupled_weight_decay": decoupled_weight_decay,
-            "foreach": foreach,
-            "maximize": maximize,
-            "capturable": capturable,
-            "differentiable": differentiable,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, NADAM_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, NADAM_RECIPE, group_defaults(locals()), skip_together=skip_together)
 
 
 def _radam_live(group: dict, gi: Any) -> None:
@@ -721,17 +639,4 @@ class RAdam(Optimizer):
         chunk_bytes: int | str | None = "default",
         skip_together: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "decoupled_weight_decay": decoupled_weight_decay,
-            "foreach": foreach,
-            "maximize": maximize,
-            "capturable": capturable,
-            "differentiable": differentiable,
-            "stabilize": stabilize,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
-        super().__init__(params, RADAM_RECIPE, defaults, skip_together=skip_together)
+        super().__init__(params, RADAM_RECIPE, group_defaults(locals()), skip_together=skip_together)

@@ -21,8 +21,8 @@ from .optimizer import Optimizer, Recipe
 from .param_groups import (
     BOOKKEEPING,
     LiveHyperparameter,
-    core_options,
     group_core_options,
+    group_defaults,
     is_group_of,
     live,
     register,
@@ -96,7 +96,7 @@ class Gradient(Optimizer):
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {"lr": lr, **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes)}
+        defaults = group_defaults(locals(), leave_out=("capturable",))  # capturable: the optimizer's own
         super().__init__(params, GRADIENT_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
@@ -118,11 +118,7 @@ class Momentum(Optimizer):
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "alpha": alpha,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
+        defaults = group_defaults(locals(), leave_out=("capturable",))  # capturable: the optimizer's own
         super().__init__(params, MOMENTUM_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
@@ -156,13 +152,7 @@ class PaperAdam(Optimizer):
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {
-            "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by _paper_adam
-            "delta": delta,
-            "eps": eps,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
+        defaults = group_defaults(locals(), leave_out=("capturable",))  # capturable: the optimizer's own
         super().__init__(params, PAPER_ADAM_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 
@@ -199,17 +189,7 @@ class AdamWithDecay(Optimizer):
         skip_together: bool = False,
         capturable: bool = False,
     ):
-        defaults = {
-            "lr": lr_start,
-            "n_steps": n_steps,
-            "lr_start": lr_start,
-            "lr_end": lr_end,
-            "betas": tuple(betas) if isinstance(betas, (tuple, list)) else betas,  # refused by the core
-            "delta": delta,
-            "n_epochs": n_epochs,
-            "steps_per_epoch": steps_per_epoch,
-            **core_options(section, retraction, on_nonfinite, group_same_shape, seed, chunk_bytes),
-        }
+        defaults = {"lr": lr_start, **group_defaults(locals(), leave_out=("capturable",))}  # lr scales the curve
         super().__init__(params, ADAM_WITH_DECAY_RECIPE, defaults, skip_together=skip_together, capturable=capturable)
 
 

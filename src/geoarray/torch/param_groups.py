@@ -68,6 +68,18 @@ def core_options(
     }
 
 
+def group_defaults(arguments: dict, *, leave_out: tuple[str, ...] = ()) -> dict:
+    """A named optimizer's param-group defaults from its constructor's arguments (``locals()`` as its body
+    starts): every argument but ``params``, the optimizer-wide ``skip_together`` and ``leave_out``, in the
+    signature's order, the :data:`CORE_OPTIONS` among them; ``betas`` given as a list becomes a tuple, as
+    torch keeps it."""
+    skip = ("self", "__class__", "params", "skip_together", *leave_out)
+    defaults = {k: v for k, v in arguments.items() if k not in skip}
+    if isinstance(defaults.get("betas"), list):
+        defaults["betas"] = tuple(defaults["betas"])
+    return defaults
+
+
 def group_core_options(group: dict) -> dict:
     """The group's :data:`CORE_OPTIONS`, the keywords of the core it builds; ``foreach=False`` (torch's
     switch, in the groups of the torch-convention optimizers) updates every parameter by its own call."""
