@@ -19,11 +19,11 @@ In use (``x`` a tensor of shape ``(..., 10)``)::
   assign=True)`` and ``module.weight = nn.Parameter(W)`` keep the manifold (projected); torch's own
   ``fully_shard`` is refused at the first step, naming :func:`fully_shard` (:mod:`._foreign`).
 * :class:`Adam`, :class:`AdamW`, :class:`SGD`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`,
-  :class:`NAdam`, :class:`RAdam` (:mod:`.conventions`): ``torch.optim``'s signatures, defaults and
+  :class:`NAdam`, :class:`RAdam` (:mod:`.torch_optimizers`): ``torch.optim``'s signatures, defaults and
   formulas — equal to ``torch.optim`` on plain tensors, the same formulas in g^hor on
   ManifoldParameters. :class:`PaperAdam` is the paper's variant (δ inside the root, β = (0.9, 0.99);
   it was ``Adam`` before). :class:`Optimizer`, :class:`Momentum`, :class:`Gradient`,
-  :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optimizer`, :mod:`.methods`; all
+  :class:`AdamWithDecay`, :class:`ManifoldMuon`, :class:`Muon` (:mod:`.optimizer`, :mod:`.paper_optimizers`; all
   gathered in :mod:`.optim`): ``torch.optim.Optimizer``
   subclasses running geoarray's array-API optimizer core (Algorithm 1 of Brantner, *Generalizing Adam to
   Manifolds for Efficiently Training Transformers*). Every one works with every

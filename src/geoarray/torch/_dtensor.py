@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from ._agreement import agree_on_step
+from ._rank_agreement import agree_on_step
 from .parameter import ManifoldParameter, manifold_of
 
 __all__ = ["Views", "fully_shard", "views"]

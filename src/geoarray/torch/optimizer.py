@@ -1,7 +1,8 @@
 """The one ``torch.optim.Optimizer`` of geoarray.torch, driven by geoarray's array-API optimizer core.
 
-The named optimizers (:mod:`geoarray.torch.conventions`: ``Adam``, ``SGD``, …; :mod:`geoarray.torch.methods`:
-``PaperAdam``, ``ManifoldMuon``, …; all gathered in :mod:`geoarray.torch.optim`) are thin constructors: each
+The named optimizers (:mod:`geoarray.torch.torch_optimizers`: ``Adam``, ``SGD``, …;
+:mod:`geoarray.torch.paper_optimizers`: ``PaperAdam``, ``ManifoldMuon``, …; all gathered in
+:mod:`geoarray.torch.optim`) are thin constructors: each
 turns its arguments into a param group's defaults and hands :class:`Optimizer` a :class:`Recipe`, the data
 that says how a group's core is built from its hyperparameters, which of them are read at every step and
 how they are checked. No subclass overrides a step, a hook or a flag.
@@ -84,8 +85,8 @@ from .._backend import host_reads_allowed
 from ..optim.riemannian import RiemannianOptimizer
 from ..optim.transforms import GradientTransformation
 from . import _dtensor, _foreign
-from ._agreement import agree_on_step, check_skip_together, keep_where_taken
 from ._grad_scaler import scaler_flags, takes_skip_flag, unscale_, zero_where_found
+from ._rank_agreement import agree_on_step, check_skip_together, keep_where_taken
 from .cohorts import (
     FORMAT,
     FORMAT_VERSION,

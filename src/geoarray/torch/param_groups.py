@@ -45,7 +45,7 @@ NOT_HYPERPARAMETERS = frozenset(
 # neither hyperparameters of the core nor unknown keys
 _SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
 #: keys of a param group that are neither hyperparameters of the core nor unknown keys: torch's, and
-#: ``skip_together``, an option of the step around the core (geoarray.torch._agreement)
+#: ``skip_together``, an option of the step around the core (geoarray.torch._rank_agreement)
 BOOKKEEPING = frozenset({"params", "param_names", "skip_together"}) | _SCHEDULER_KEYS
 # not part of a core's identity: torch.compile's optimizer support shows every param group with
 # capturable=True while it traces a step (torch/_dynamo/variables/optimizer.py, _set_capturable), so a

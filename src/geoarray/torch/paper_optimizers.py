@@ -3,7 +3,7 @@
 Transformers*, eqs. 5–8) and ``ManifoldMuon``/``Muon``: constructors of :class:`geoarray.torch.Optimizer`
 that turn their arguments into a param group's defaults and hand it a :class:`~geoarray.torch.Recipe`,
 the function that builds a group's core from its hyperparameters. torch's own conventions (``Adam``,
-``AdamW``, ``SGD``, …) are in :mod:`geoarray.torch.conventions`.
+``AdamW``, ``SGD``, …) are in :mod:`geoarray.torch.torch_optimizers`.
 """
 
 from __future__ import annotations
