@@ -55,7 +55,16 @@ kernel the square path uses instead (for n = N the horizontal part B is empty an
 * ``matmul-n``: one n×n product, the unit of the step's cost (the square step has nine);
 * ``torch-adam``: torch.optim.Adam's step, for scale.
 
+``--anatomy`` counts, after the timing, what one step of each optimizer dispatches: the torch operations
+that reach torch's dispatcher from Python (a ``TorchDispatchMode``; views included) and the Python
+functions it calls (``sys.setprofile``). Issue #51's overhead in those terms (2026-11-30, float32, n = 128):
+geoarray.torch.Adam 48 operations and 419 Python calls, ``floor-bjorck`` 23 and 10, torch.optim.Adam 11 and
+59; a py-spy profile (``--native``) of the same eager step put 32% of its samples in the Python interpreter,
+~39% in dispatch (ATen's dispatcher, torch's Python bindings and their allocations) and 26% in the kernels
+(GEMM 17%, elementwise 10%).
+
     OMP_NUM_THREADS=1 python benchmarks/square_step.py [--n 128] [--dtype float32] [--steps 200]
+        [--kernels] [--floor] [--anatomy] [--json out.json]
 """
 
 from __future__ import annotations
@@ -169,6 +178,43 @@ def _kernels(n: int, dtype: torch.dtype) -> dict:
     return fns, agree
 
 
+def _anatomy(steppers: dict) -> dict:
+    """Per stepper, what one more step dispatches: ``torch_ops``, the ATen operations that reach torch's
+    dispatcher from Python (views such as a transpose included: each is a dispatch, and a composite such as
+    ``matmul`` counts as the kernels it becomes), and ``python_calls``, the Python functions it calls (its
+    own, the library's and torch.optim's). Two more steps per stepper, after the timing and the weights'
+    comparison; the counting itself is not timed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    out = {}
+    for name, step in steppers.items():
+        counter = _Count()
+        with counter:
+            step()
+        calls = [0]
+
+        def count_calls(frame, event, arg, calls=calls):
+            if event == "call":
+                calls[0] += 1
+
+        sys.setprofile(count_calls)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+        out[name] = {"torch_ops": counter.ops, "python_calls": calls[0]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     import shlex
 
@@ -184,6 +230,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--floor",
         action="store_true",
         help="also time the hand-written floor steps (their degree-3 exp is meant for --lr up to 1e-4)",
+    )
+    parser.add_argument(
+        "--anatomy",
+        action="store_true",
+        help="also count, per optimizer, the torch operations and Python calls of one step (untimed)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -223,6 +274,15 @@ def main(argv: list[str] | None = None) -> dict:
         for name, f in floor.items():
             print(f"  {name:15s} max|YᵀY − I| {f['max_abs_orthogonality_error']:.1e}   "
                   f"max|Y − Y_geoarray| {f['max_abs_difference_to_geoarray']:.1e}")  # fmt: skip
+    anatomy = None
+    if args.anatomy:
+        anatomy = _anatomy(steppers)
+        base = "floor-bjorck" if "floor-bjorck" in anatomy else "torch"
+        print(f"one step's dispatches (× {base}'s):")
+        for name, a in anatomy.items():
+            ops, calls = a["torch_ops"], a["python_calls"]
+            print(f"  {name:15s} {ops:4d} torch operations ({ops / anatomy[base]['torch_ops']:4.1f}×)  "
+                  f"{calls:5d} Python calls ({calls / anatomy[base]['python_calls']:5.1f}×)")  # fmt: skip
     kernels = None
     if args.kernels:
         fns, agree = _kernels(args.n, dtype)
@@ -234,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {name:19s} {1e3 * t:7.3f} ms  {t / km['torch-adam']:6.2f}× torch.optim.Adam's step")
     result = {
         "command": "python benchmarks/square_step.py " + shlex.join(argv),
+        "anatomy": anatomy,
         "kernels": kernels,
         "floor": floor,
         "machine": machine_info(args.threads),

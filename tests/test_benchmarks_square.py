@@ -5,7 +5,8 @@ its ``--json`` holds every optimizer with a positive, finite median and the rati
 kernel of a square fast path, I + A·φ₁(A), equals the 2n×2n retraction kernel's exp(A) to float32
 rounding; with ``--floor`` the two hand-written floor steps run the same update as geoarray's Adam (their
 weights equal its weight to float32 rounding after the timed steps) and the one with the Björck step
-stays orthonormal to float32 rounding. No time is asserted. Torch sessions only: the script times
+stays orthonormal to float32 rounding; with ``--anatomy`` every optimizer's step dispatches torch operations and
+Python calls, the floor fewer of each than geoarray's. No time is asserted. Torch sessions only: the script times
 torch optimizers."""
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ def test_square_step_json(backend, tmp_path, capsys):
         pytest.skip("benchmarks/square_step.py times torch optimizers on the CPU: the torch session runs it")
     module = load_benchmark("square_step")
     path = tmp_path / "square.json"
-    module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--json", str(path)])
+    module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--anatomy", "--json", str(path)])
     assert "torch.optim.Adam" in capsys.readouterr().out
     result = json.loads(path.read_text())
-    assert result["command"] == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --floor --json {path}"
+    assert (
+        result["command"]
+        == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --floor --anatomy --json {path}"
+    )
     rows = {r["optimizer"]: r for r in result["rows"]}
     expected = {"geoarray", "geoarray-paper", "torch", "floor", "floor-bjorck"}
     expected |= {"geoopt"} if importlib.util.find_spec("geoopt") else set()
@@ -47,3 +51,10 @@ def test_square_step_json(backend, tmp_path, capsys):
     for name in ("floor", "floor-bjorck"):
         assert floor[name]["max_abs_difference_to_geoarray"] < 1e-5
     assert floor["floor-bjorck"]["max_abs_orthogonality_error"] < 1e-5
+    # one step's dispatches: every optimizer makes some; the hand-written floor calls no library function, so
+    # it makes fewer Python calls than geoarray's step, and its update dispatches fewer torch operations
+    anatomy = result["anatomy"]
+    assert set(anatomy) == expected
+    assert all(a["torch_ops"] > 0 and a["python_calls"] > 0 for a in anatomy.values()), anatomy
+    assert anatomy["floor-bjorck"]["python_calls"] < anatomy["geoarray"]["python_calls"]
+    assert anatomy["floor-bjorck"]["torch_ops"] < anatomy["geoarray"]["torch_ops"]
