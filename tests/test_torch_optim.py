@@ -703,3 +703,29 @@ def test_a_named_optimizers_defaults_are_its_arguments(torch, gt, device, name):
     assert set(opt.defaults) - set(expected) <= {"capturable", "skip_together"}, sorted(opt.defaults)
     group = opt.param_groups[0]
     assert {k: group.get(k, "missing") for k in expected} == expected
+
+
+def test_a_group_edited_between_steps_is_checked_again(torch, gt, device):
+    """A step reuses a param group's key while none of its values changed (``Optimizer._step_key``): a value
+    assigned anew, or a list changed in place, is checked at the next step, and the step that refuses it
+    changes nothing."""
+    W = torch.nn.Parameter(torch.ones(3, 2, dtype=torch.float64, device=device))
+    opt = gt.Adam([W], lr=0.1)
+    W.grad = torch.full_like(W, 0.5)
+    opt.step()
+    opt.step()
+    group = opt.param_groups[0]
+    group["eps"] = -1.0
+    before = W.detach().clone()
+    with pytest.raises(ValueError, match="eps"):
+        opt.step()
+    assert torch.equal(W.detach(), before)
+    group["eps"] = 1e-8
+    opt.step()
+    group["betas"] = [0.9, 0.999]  # a list: it can change in place
+    opt.step()
+    group["betas"][0] = 1.5
+    before = W.detach().clone()
+    with pytest.raises(ValueError, match="betas"):
+        opt.step()
+    assert torch.equal(W.detach(), before)

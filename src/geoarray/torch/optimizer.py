@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -130,6 +131,14 @@ def _key_value(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return tuple(_key_value(v) for v in value)
     return repr(value)
+
+
+def _immutable(value: Any) -> bool:
+    """Whether a hyperparameter cannot change without a new object: None, a bool, number or string, or a tuple
+    of those (a list or a tensor can change in place)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    return type(value) is tuple and all(v is None or isinstance(v, (bool, int, float, str)) for v in value)
 
 
 def _same_key(a: Any, b: Any) -> bool:
@@ -384,6 +393,26 @@ class Optimizer(torch.optim.Optimizer):
         # plain bool, where bool() left a symbolic one in the key
         return key + tuple((k, True if group[k] != 0 else False) for k in recipe.zero_matters if k in group)
 
+    def _step_key(self, group: dict) -> tuple:
+        """:meth:`_hyper_key` at a step. Eagerly, the last step's key again while every value of the group is the
+        very object it was then and each is an immutable number, string, None or tuple of numbers (the
+        ``params`` list aside): the group is then unchanged, so neither checked nor keyed again (a small step
+        made ~50 Python calls fewer). A scheduler's or the user's assignment makes a new object; a value
+        that could change in place (a list, a tensor) is checked and keyed at every step, as before."""
+        if torch.compiler.is_compiling():
+            return self._hyper_key(group)
+        cache = self.__dict__.setdefault("_step_keys", {})
+        names, values = tuple(group), tuple(group.values())
+        last = cache.get(id(group))
+        if last is not None and last[0] == names and all(map(operator.is_, last[1], values)):
+            return last[2]
+        key = self._hyper_key(group)
+        if all(_immutable(v) for k, v in group.items() if k not in ("params", "param_names")):
+            cache[id(group)] = (names, values, key)
+        else:
+            cache.pop(id(group), None)
+        return key
+
     def _check_group_keys(self, group: dict, gi: int) -> None:
         if self._known is None:
             return
@@ -607,7 +636,7 @@ class Optimizer(torch.optim.Optimizer):
         # them all
         work = []
         for gi, group, plan in plans:
-            key = self._hyper_key(group)
+            key = self._step_key(group)
             for item in plan:
                 if compiling and (isinstance(item, tuple) or not _same_key(item.key, key)):
                     raise RuntimeError(eager_first_message(group, gi, item, self._name))
