@@ -117,6 +117,12 @@ def _in_host_memory(x: Array) -> bool:
     return not hasattr(x, "__cuda_array_interface__")  # NumPy, array-api-strict; CuPy lives on a GPU
 
 
+def is_jax_tracer(x: Any) -> bool:
+    """True for a tracer of ``jax.jit``/``vmap`` (which may carry no device); no import of JAX."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.core.Tracer)
+
+
 def is_traced(x: Any) -> bool:
     """True inside ``jax.jit``/``vmap`` (x is a tracer) or while ``torch.compile`` traces: values cannot be
     read on the host there."""

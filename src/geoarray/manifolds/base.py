@@ -397,11 +397,12 @@ class Manifold(abc.ABC):
                     f"{_backend.dtype_name(first.dtype)}: {self!r} does not promote "
                     "silently; cast one of them"
                 )
+            # under jax.vmap a batched tracer reports no device: compare the others (torch.compile's fake
+            # tensors keep theirs, and asking torch whether it compiles costs two calls each time)
             if first_traced is None:
-                first_traced = _backend.is_traced(first)
+                first_traced = _backend.is_jax_tracer(first)
                 first_device = None if first_traced else _backend.device(first)
-            # under jax.vmap a batched tracer reports no device: compare concrete arrays only
-            if not (first_traced or _backend.is_traced(a)) and _backend.device(a) != first_device:
+            if not (first_traced or _backend.is_jax_tracer(a)) and _backend.device(a) != first_device:
                 raise ValueError(
                     f"{name} is on device {_backend.device(a)} but {first_name} on {first_device}; "
                     "move them to one device"
