@@ -5,19 +5,21 @@ machine differ by more than that (the kernel sums of ``step_kernels.py`` moved b
 so before and after are timed side by side instead. The revision's ``src/geoarray`` is exported with
 ``git archive`` into a temporary folder and imported as the package ``geoarray_base`` (the library's
 imports are relative, so the two copies do not meet); both build ``optim.Adam(lr=1e-3)`` (or
-``--optimizer``) on the same weights and fixed gradients (``_sets.stiefel_set``, float32 or ``--dtype``), and
-``_timing.interleaved_medians`` times their steps alternately. Printed per set: both medians, the ratio
-this checkout ÷ revision, and the largest difference of the two weights after the same number of steps:
-0 when the two compute the same, rounding-sized when a change reorders arithmetic — or, in float32 over
+``--optimizer``; with ``--torch`` :mod:`geoarray.torch`'s optimizer of that name on a ``ManifoldParameter``,
+whose ``opt.step()`` is timed) on the same weights and fixed gradients (``_sets.stiefel_set``, float32 or
+``--dtype``), and ``_timing.interleaved_medians`` times their steps alternately. Printed per set: both
+medians, the ratio this checkout ÷ revision, and the largest difference of the two weights after the same
+number of steps: 0 when the two compute the same, rounding-sized when a change reorders arithmetic — or, in float32 over
 tens of steps, as large as a step: the Householder section's completion Q⊥ flips where a pivot of Y's QR
 crosses zero, Adam's moments are kept in the section's coordinates, and two roundings can cross at
 different steps (St(4096, 128), against a2ed7c2: 1e-6 for 52 steps, 2.6e-3 at step 53, where one run's
 smallest |τ − 1| was 1.8e-6). ``--dtype float64`` then shows whether the update itself changed.
 
-torch only (the sets and the fixed-work policies are the ones ``step_kernels.py`` times).
+torch only (the sets and the fixed-work policies are the ones ``step_kernels.py`` times, and ``128x128``, the
+square weight of ``square_step.py``).
 
     python benchmarks/ab_step.py --base a2ed7c2 [--sets vit 1024x64 4096x128] [--steps 60] [--threads 1]
-        [--optimizer Adam|Momentum|Gradient] [--dtype float32|float64] [--json out.json]
+        [--optimizer Adam|Momentum|Gradient] [--torch] [--dtype float32|float64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +41,7 @@ from _sets import stiefel_set
 from _timing import add_timing_arguments, interleaved_medians, load_namespace, machine_info, parse_timing_arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SETS = ("vit", "1024x64", "4096x128", "tiny")
+SETS = ("vit", "1024x64", "4096x128", "tiny", "128x128")
 OPTIMIZERS = ("Adam", "Momentum", "Gradient")
 
 
@@ -61,10 +64,19 @@ def import_revision(rev: str, folder: str):
     return importlib.import_module("geoarray_base")
 
 
-def _stepper(lib, name: str, optimizer: str, xp, dtype):
+def _stepper(lib, name: str, optimizer: str, xp, dtype, adapter: bool = False):
     params, _, grads = stiefel_set(name, xp, dtype)  # the same values for both (seeded draws)
     # each library steps its own manifold objects (a revision's classes are not this checkout's)
     mans = {"W": lib.Stiefel(*params["W"].shape[-2:])}
+    if adapter:  # geoarray.torch's optimizer on a ManifoldParameter: the step a torch user calls
+        gt = importlib.import_module(f"{lib.__name__}.torch")
+        # the revision's optimizer is geoarray's too, but another copy's class, which this checkout's warning
+        # about foreign optimizers on ManifoldParameters does not know (it warns once per optimizer)
+        warnings.filterwarnings("ignore", message=r".* is not a geoarray optimizer", category=UserWarning)
+        W = gt.ManifoldParameter(params["W"].clone(), mans["W"])
+        W.grad = grads["W"].clone()
+        opt = getattr(gt, optimizer)([W], lr=1e-3)
+        return opt.step, [{"W": W.detach()}]
     opt = getattr(lib.optim, optimizer)(lr=1e-3)
     holder = [params, opt.init(params, mans)]
 
@@ -74,18 +86,18 @@ def _stepper(lib, name: str, optimizer: str, xp, dtype):
     return step, holder
 
 
-def bench(base, name: str, optimizer: str, steps: int, dtype: str = "float32") -> dict:
+def bench(base, name: str, optimizer: str, steps: int, dtype: str = "float32", adapter: bool = False) -> dict:
     import torch
 
     import geoarray
 
     xp = load_namespace("torch")
-    new_step, new = _stepper(geoarray, name, optimizer, xp, getattr(torch, dtype))
-    base_step, old = _stepper(base, name, optimizer, xp, getattr(torch, dtype))
+    new_step, new = _stepper(geoarray, name, optimizer, xp, getattr(torch, dtype), adapter)
+    base_step, old = _stepper(base, name, optimizer, xp, getattr(torch, dtype), adapter)
     times = interleaved_medians({"new": new_step, "base": base_step}, steps)
     return {
         "set": name,
-        "optimizer": optimizer,
+        "optimizer": f"geoarray.torch.{optimizer}" if adapter else optimizer,
         "dtype": dtype,
         "new_ms": 1e3 * times["new"],
         "base_ms": 1e3 * times["base"],
@@ -100,6 +112,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sets", nargs="+", default=["vit", "1024x64", "4096x128"], choices=SETS)
     parser.add_argument("--optimizer", default="Adam", choices=OPTIMIZERS)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument(
+        "--torch", action="store_true", help="time geoarray.torch's optimizer of that name (opt.step()) instead"
+    )
     add_timing_arguments(parser, steps=60)
     args = parse_timing_arguments(parser, argv)
     import torch
@@ -112,13 +127,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         except ValueError as e:
             parser.exit(2, f"ab_step.py: error: {e}\n")
         try:
+            what = f"geoarray.torch.{args.optimizer}" if args.torch else args.optimizer
             print(
-                f"this checkout against {args.base}: {args.optimizer}, {args.dtype}, {args.threads} thread(s), "
+                f"this checkout against {args.base}: {what}, {args.dtype}, {args.threads} thread(s), "
                 f"median of {args.steps} interleaved"
             )
             print(f"{'set':9} {'new ms':>8} {'base ms':>8} {'new/base':>8} {'max|ΔW|':>9}")
             for name in args.sets:
-                row = bench(base, name, args.optimizer, args.steps, args.dtype)
+                row = bench(base, name, args.optimizer, args.steps, args.dtype, args.torch)
                 rows.append(row)
                 print(
                     f"{name:9} {row['new_ms']:8.3f} {row['base_ms']:8.3f} {row['ratio_new_over_base']:8.3f} "

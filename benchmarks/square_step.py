@@ -59,7 +59,8 @@ kernel the square path uses instead (for n = N the horizontal part B is empty an
 that reach torch's dispatcher from Python (a ``TorchDispatchMode``; views included) and the Python
 functions it calls (``sys.setprofile``). Issue #51's overhead in those terms (2026-11-30, float32, n = 128):
 geoarray.torch.Adam 48 operations and 419 Python calls (365 once a step reused an unchanged param group's
-key), ``floor-bjorck`` 23 and 10, torch.optim.Adam 11 and 59; a py-spy profile (``--native``) of the same
+key; 40 and 361 once exp(A) took A itself and made one identity), ``floor-bjorck`` 23 and 10, torch.optim.Adam
+11 and 59; a py-spy profile (``--native``) of the same
 eager step put 32% of its samples in the Python interpreter, ~39% in dispatch (ATen's dispatcher, torch's
 Python bindings and their allocations) and 26% in the kernels (GEMM 17%, elementwise 10%).
 

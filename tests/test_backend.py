@@ -655,3 +655,18 @@ def test_subclasses_of_an_array_type_take_its_namespace_without_array_api_compat
     assert compat.array_namespace(x, W, b) is expected
     with pytest.raises(TypeError, match="different array libraries"):
         _backend.array_namespace(W, np.ones(2))
+
+
+@pytest.mark.parametrize("c", [0.5, 1.0 / 6.0, -2.0])
+def test_plus_identity_is_the_sum_with_c_times_the_identity(xp, device, c):
+    """``_backend.plus_identity(P, c, I, xp)`` (torch: one ``add`` with ``alpha``) equals ``P + c·I`` bit for
+    bit: c·I is exact (entries c and 0), so the fused form rounds only the sum. Unbatched and batched P
+    (the identity broadcasts), float32 and float64."""
+    rng = np.random.default_rng(3)
+    for dtype in (xp.float32, xp.float64):
+        for shape in [(5, 5), (3, 5, 5)]:
+            P = xp.asarray(rng.standard_normal(shape), dtype=dtype, device=device)
+            eye = linalg.eye(5, P)
+            got, want = _backend.plus_identity(P, c, eye, xp), P + c * eye
+            assert got.dtype == dtype and tuple(got.shape) == shape
+            assert np.array_equal(to_numpy(got), to_numpy(want))

@@ -308,7 +308,8 @@ def test_soak_json(bench_backend, tmp_path, capsys):
 def test_ab_step_against_head(bench_backend, tmp_path):
     """ab_step.py imports src/geoarray at a git revision beside this checkout and times both steps
     interleaved: against HEAD of a clean checkout the two are the same computation (max|ΔW| = 0; a working
-    tree with uncommitted changes may differ by rounding), with positive, finite medians; a revision git
+    tree with uncommitted changes may differ by rounding), with positive, finite medians, for the core's
+    ``update`` and (``--torch``) geoarray.torch's ``opt.step()`` on the square set; a revision git
     does not know is a one-line error with exit code 2. Run as a subprocess: the script imports a second
     copy of the library, which must not share this test process."""
     if bench_backend != "torch":
@@ -326,6 +327,17 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "new/base" in run.stdout
     (row,) = json.loads(path.read_text())["rows"]
+    for key in ("new_ms", "base_ms", "ratio_new_over_base"):
+        _positive_finite(row[key], key)
+    assert row["max_abs_difference"] < 1e-5
+    # --torch: geoarray.torch's opt.step() on a ManifoldParameter, the square set (its own exp(A) path)
+    adapter = subprocess.run(
+        [sys.executable, script, "--base", "HEAD", "--sets", "128x128", "--steps", "2", "--torch", "--json", str(path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert adapter.returncode == 0, adapter.stderr
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["optimizer"] == "geoarray.torch.Adam" and row["set"] == "128x128"
     for key in ("new_ms", "base_ms", "ratio_new_over_base"):
         _positive_finite(row[key], key)
     assert row["max_abs_difference"] < 1e-5

@@ -510,6 +510,68 @@ def test_a_square_frames_torch_adam_step_runs_no_operation_on_an_empty_tensor(ba
     assert M.point_error(W.detach()) < 1e-5
 
 
+def test_a_square_frames_torch_adam_step_dispatches_at_most_40_torch_operations(backend):
+    """The same eager ``geoarray.torch.Adam`` step of a 128×128 orthogonal weight dispatches at most 40 torch
+    operations (a ``TorchDispatchMode``; 48 before #51's square-path trims): exp(A) takes A as W holds it
+    (½A was halved and doubled back), its identity is made once, the largest of one bound is that bound,
+    exp's 1·X is X, c·I is added in one operation, and a param group's rate does not cast the step it
+    ignores. The count is of operations, not of time; the weight stays orthonormal to float32 rounding."""
+    if backend.kind != "torch":
+        pytest.skip("counts torch operations: geoarray.torch runs on torch tensors only")
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import geoarray.torch as gt
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    M = Stiefel(128, 128)
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32), M)
+    opt = gt.Adam([W], lr=1e-4)
+    W.grad = 1e-2 * torch.randn(128, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    opt.step()
+    mode = Count()
+    with mode:
+        opt.step()
+    assert len(mode.ops) <= 40, mode.ops
+    assert mode.ops.count("aten.eye.m") <= 2, mode.ops  # the Björck step's and the exp's
+    assert M.point_error(W.detach()) < 1e-5
+
+
+def test_a_schedule_that_does_not_read_the_step_is_called_with_none(xp, device):
+    """``scale_by_learning_rate(schedule)`` with ``schedule.reads_step = False`` (geoarray.torch's rate of the
+    moment) calls it with None, and steps exactly as the same rate given as a schedule of t; its state
+    still counts the steps (float64, two steps)."""
+
+    class Moment:
+        reads_step = False
+
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, t):
+            self.calls.append(t)
+            return 0.25
+
+    moment = Moment()
+    u = {"w": xp.asarray(np.arange(6.0).reshape(2, 3), dtype=xp.float64, device=device)}
+    a, b = scale_by_learning_rate(moment), scale_by_learning_rate(lambda t: 0.25)
+    sa, sb = a.init(u), b.init(u)
+    for _ in range(2):
+        ua, sa = a.update(u, sa)
+        ub, sb = b.update(u, sb)
+        assert np.array_equal(to_numpy(ua["w"]), to_numpy(ub["w"]))
+    assert moment.calls == [None, None]
+    assert int(sa.count) == int(sb.count) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # a rate factor read at every step (what geoarray.torch's param groups drive)
 # ---------------------------------------------------------------------------------------------

@@ -255,6 +255,26 @@ def addmm(C: Array, A: Array, B: Array, xp: Namespace, *, alpha: float = 1.0) ->
     return C + alpha * (A @ B)
 
 
+# P + c·I ------------------------------------------------------------------------------------------
+# torch.add(P, I, alpha=c) is one operation instead of two (c·I, then the sum); c·I is exact (its entries
+# are c and 0), so any rounding of the fused form is that of the sum alone: the same bits on every backend.
+
+
+@register_fast_path("plus_identity", "torch")
+def _plus_identity_torch(P: Array, c: float, eye: Array) -> Array:
+    import torch
+
+    return torch.add(P, eye, alpha=c)
+
+
+def plus_identity(P: Array, c: float, eye: Array, xp: Namespace) -> Array:
+    """P + c·I for a Python float c and ``eye`` the identity (unbatched: it broadcasts over P's batch)."""
+    native = fast_path("plus_identity", xp)
+    if native is not None:
+        return native(P, c, eye)
+    return P + c * eye
+
+
 # A @ B for batches of small tall products -------------------------------------------------------
 # torch's CPU bmm makes one GEMM call per matrix, and for a tall (m ≫ n) small product that call is
 # several times slower than the transposed one (Bᵀ Aᵀ, whose long dimension is the output's columns):

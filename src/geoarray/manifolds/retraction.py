@@ -148,12 +148,12 @@ def _phi1_taylor(X: Array, xp: Any, rule: tuple, shift: int = 1) -> Array:
         powers.append(powers[-1] @ X)
     top = powers.pop()  # X^chunk
     if len(powers) == 1:
-        parts = [row[1] * X for row in matrix]
+        parts = [_times(row[1], X) for row in matrix]
     elif X.shape[-1] >= _CONTRACT_BELOW or _backend.is_compiling():
         # large matrices: the scalings and additions are cheap next to a contraction over a stacked copy
         parts = []
         for row in matrix:
-            part = row[1] * X
+            part = _times(row[1], X)
             for c, P in zip(row[2:], powers[1:], strict=True):
                 part = part + c * P
             parts.append(part)
@@ -161,10 +161,15 @@ def _phi1_taylor(X: Array, xp: Any, rule: tuple, shift: int = 1) -> Array:
         coeffs = _backend.host_constant(tuple(row[1:] for row in matrix), X, xp)  # made once per device
         stacked = xp.tensordot(coeffs, xp.stack(powers, axis=0), axes=1)  # (n_chunks, ..., m, m)
         parts = [stacked[j, ...] for j in range(len(matrix))]
-    U = parts[-1] + matrix[-1][0] * eye
+    U = _backend.plus_identity(parts[-1], matrix[-1][0], eye, xp)
     for j in range(len(matrix) - 2, -1, -1):
-        U = _backend.addmm(parts[j] + matrix[j][0] * eye, top, U, xp)
+        U = _backend.addmm(_backend.plus_identity(parts[j], matrix[j][0], eye, xp), top, U, xp)
     return U
+
+
+def _times(c: float, X: Array) -> Array:
+    # exp's coefficient 1/1! leaves X as it is (1·X is X exactly): one operation fewer per step
+    return X if c == 1.0 else c * X
 
 
 def _phi1_scaled(X: Array, bound: Array, xp: Any, max_doublings: int) -> Array:
@@ -232,7 +237,7 @@ def _phi1_bounded(X: Array, bound: Array, xp: Any, max_doublings: int, static_bo
         nan = xp.full((), float("nan"), dtype=X.dtype, device=_device(X))
         return xp.where((bound > rule[2] * 2.0**doublings)[..., None, None], nan, _phi1_fixed(X, xp, rule, doublings))
     rules = _phi1_rules(X, xp)
-    largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
+    largest = _largest(bound, xp)
     branches: list[Callable[[Any], Any]] = [functools.partial(_phi1_taylor, xp=xp, rule=rule) for rule in rules]
     # the top rule's Taylor polynomial alone is the scaled route with no doubling; traced, it is left
     # to the scaled route (one branch fewer to compile)
@@ -341,27 +346,40 @@ def retract_e(
 
 def retract_square(halfA: Array, *, xp: Any, method: str, max_doublings: int) -> Array:
     """g(W)E when the horizontal part is empty (N = n, the orthogonal group: W = A): exp(A) = I + A·φ₁(A)
-    (geodesic) or Cay(A) = (I − ½A)⁻¹(I + ½A). These are the matrices :func:`retract_e` gives with
-    G = 0, from an n×n instead of a 2n×2n kernel; A is skew, so no balancing is needed. exp(A) is
-    exp's Taylor polynomial where ‖A‖₁ is within a rule's θ (``_EXP_RULES``), else I + A·φ₁(A)."""
-    eye = linalg.eye(halfA.shape[-1], halfA)
+    (geodesic) or Cay(A) = (I − ½A)⁻¹(I + ½A). These are the matrices :func:`retract_e`
+    gives with G = 0, from an n×n instead of a 2n×2n kernel; A is skew, so no balancing is needed."""
     if method != "geodesic":
+        eye = linalg.eye(halfA.shape[-1], halfA)
         return _backend.solve(eye - halfA, eye + halfA, xp)
-    A = halfA + halfA
+    return _exp_skew(halfA + halfA, xp=xp, max_doublings=max_doublings)
+
+
+def _exp_skew(A: Array, *, xp: Any, max_doublings: int) -> Array:
+    """exp(A) for the A-block of a square frame's step (:func:`retract_square`'s geodesic case, taking A
+    itself, as :meth:`~geoarray.manifolds.Stiefel.apply_retraction` has it: no ½A to halve and double
+    back, two operations per step): exp's Taylor polynomial where ‖A‖₁ is within a rule's θ
+    (``_EXP_RULES``), else I + A·φ₁(A) by scaling and doubling."""
     bound = _norm1(A, xp)
 
     def general(Z: Array) -> Array:
-        return Z @ _phi1_bounded(Z, bound, xp, max_doublings) + eye
+        return Z @ _phi1_bounded(Z, bound, xp, max_doublings) + linalg.eye(Z.shape[-1], Z)
 
     # the cheapest exp Taylor rule covering the largest bound (one product fewer than I + A·φ₁(A)); beyond
     # the last rule's θ, and wherever select cannot choose (fixed work without host reads, torch.compile),
     # I + A·φ₁(A) by scaling and doubling
     rules = _EXP_RULES["float64" if A.dtype == xp.float64 else "float32"]
-    largest = xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
     branches: list[Callable[[Any], Any]] = [
         functools.partial(_phi1_taylor, xp=xp, rule=rule, shift=0) for rule in rules
     ]
-    return _backend.select(largest, tuple(rule[2] for rule in rules), [*branches, general], A, xp)
+    return _backend.select(_largest(bound, xp), tuple(rule[2] for rule in rules), [*branches, general], A, xp)
+
+
+def _largest(bound: Array, xp: Any) -> Array:
+    """The largest of a batch of bounds as a 0-d array: an unbatched bound is that already (no reduction
+    to dispatch), an empty batch's is 0."""
+    if bound.ndim == 0:
+        return bound
+    return xp.max(bound) if math.prod(bound.shape) else xp.zeros((), dtype=bound.dtype, device=_device(bound))
 
 
 def bjorck_step(Y: Array, xp: Any, out: Array | None = None) -> Array:

@@ -36,7 +36,7 @@ from .._backend import array_namespace, as_namespace
 from .._backend import device as _device
 from .base import REQUIRED, RETRACTIONS, SECTIONS, Manifold, check_batch_shape, check_choice, check_size
 from .horizontal import StiefelHorizontal
-from .retraction import bjorck_step, kernel_norm_bound, retract_e, retract_square, retraction_kernel
+from .retraction import _exp_skew, bjorck_step, kernel_norm_bound, retract_e, retract_square, retraction_kernel
 from .sections import (
     BlockReflectorSection,
     DenseSection,
@@ -201,6 +201,10 @@ class OrthonormalFrames(Manifold):
     @abc.abstractmethod
     def _half_a(self, W: Any, xp: Any) -> Array:
         """½A, the (..., n, n) top block of W (zero on the Grassmann manifold)."""
+
+    @abc.abstractmethod
+    def _a(self, W: Any, xp: Any) -> Array:
+        """A itself (the square frames' exp(A) takes it whole)."""
 
     # -- identity --------------------------------------------------------------------------
 
@@ -387,10 +391,14 @@ class OrthonormalFrames(Manifold):
         fixed = not _backend.selects_on_device(xp) and (not _backend.is_traced(W.B) or _backend.is_compiling())
         if velocity_bound is not None and method == "geodesic" and fixed:
             static = kernel_norm_bound(self.N, self.n, float(velocity_bound))
-        kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings", "static_bound")
-        top, bottom = kernel(
-            self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings, static_bound=static
-        )
+        if self.N == self.n and method == "geodesic":  # g(W)E = exp(A), from A as W holds it (not ½A doubled back)
+            square = _backend.compiled(_exp_skew, xp, "xp", "max_doublings")
+            top, bottom = square(self._a(W, xp), xp=xp, max_doublings=self.max_doublings), W.B
+        else:
+            kernel = _backend.compiled(_retract_blocks, xp, "xp", "method", "max_doublings", "static_bound")
+            top, bottom = kernel(
+                self._half_a(W, xp), W.B, xp=xp, method=method, max_doublings=self.max_doublings, static_bound=static
+            )
         Y = lam.apply_blocks(top, bottom)
         # float32: applying the compact-WY section leaves |YᵀY − I| ≈ 30 roundoffs at every step, the
         # Björck step ≈ 6; LAPACK's packed application (ormqr) ≈ 10 already, where it is not worth its cost
@@ -529,6 +537,9 @@ class Stiefel(OrthonormalFrames):
 
     def _half_a(self, W: StiefelHorizontal, xp: Any) -> Array:
         return W.A / 2
+
+    def _a(self, W: StiefelHorizontal, xp: Any) -> Array:
+        return W.A
 
     def spectral_direction(self, Y: Array, G: Array, **kw: Any) -> tuple[Array, Array]:
         """(A*, P): the spectral steepest direction argmax ⟨G, A⟩ over tangent A with ‖A‖₂ ≤ 1, and

@@ -504,10 +504,12 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
     array of each leaf's dtype; see :mod:`geoarray.optim.schedules`). A constant rate scales the
     transform's ``bound`` by η; a schedule keeps no bound, unless it has a ``host_value()`` method that
     gives the rate in force as a Python float (``geoarray.torch``'s rate read from a param group; None where
-    that rate is a tensor, which stays on its device: no bound then).
+    that rate is a tensor, which stays on its device: no bound then). A schedule whose ``reads_step``
+    attribute is False (that rate again: the value of the moment, whatever the step) is called with None.
     """
     if callable(lr):
         schedule = lr
+        reads_step = getattr(schedule, "reads_step", True)
 
         def init(params: Any) -> ScaleByScheduleState:
             return ScaleByScheduleState(zero_count(params))
@@ -516,9 +518,13 @@ def scale_by_learning_rate(lr: float | Callable[[Array], Any]) -> GradientTransf
             updates: Any, state: ScaleByScheduleState, params: Any = None, *, donate: bool = False
         ) -> tuple[Any, Any]:
             count = state.count + 1
-            out = optree.tree_map(
-                _skip_empty(lambda u: _scaled(u, -schedule(count_as_float(count, u)), donate)), updates
-            )
+            if reads_step:
+                out = optree.tree_map(
+                    _skip_empty(lambda u: _scaled(u, -schedule(count_as_float(count, u)), donate)), updates
+                )
+            else:  # a rate of the moment (a torch param group's): the step, cast per dtype, would go unread
+                rate = schedule(None)
+                out = optree.tree_map(_skip_empty(lambda u: _scaled(u, -rate, donate)), updates)
             return out, ScaleByScheduleState(_backend.as_array(count))
 
         host_value = getattr(schedule, "host_value", None)

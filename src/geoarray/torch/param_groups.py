@@ -147,6 +147,9 @@ class LiveHyperparameter:
     it as an input (no recompilation at a new rate). Other tensor hyperparameters are read with ``.item()``.
     """
 
+    #: the value does not depend on the step t it is called with (the core then passes None)
+    reads_step = False
+
     def __init__(self, key: str = "lr", index: int | None = None, reference: float = 1.0):
         self.key, self.index, self.reference = key, index, reference
         self.value: Any = None
