@@ -475,35 +475,47 @@ def test_elementwise_transforms_pass_an_empty_leaf_through_and_the_rest_unchange
         assert all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(full, leaves_, strict=True))
 
 
-def test_a_square_frames_torch_adam_step_runs_no_operation_on_an_empty_tensor(backend):
-    """The eager ``geoarray.torch.Adam`` step of a 128×128 orthogonal weight (geotorch's copying task): its
-    g^hor has an empty B block (0 × 128), on which no torch operation runs (they were 15 of its 64)."""
+def _square_torch_adam_step(backend, mode_of):
+    """(M, W, mode): a 128×128 orthogonal weight (geotorch's copying task) after one eager
+    ``geoarray.torch.Adam`` step, and the mode ``mode_of(torch)`` that watched a second step."""
     if backend.kind != "torch":
         pytest.skip("counts torch operations: geoarray.torch runs on torch tensors only")
     import torch
-    from torch.overrides import TorchFunctionMode
 
     import geoarray.torch as gt
-
-    class Empty(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            tensors = [a for a in optree.tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
-            if tensors and all(t.numel() == 0 for t in tensors):
-                self.seen.append(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
 
     M = Stiefel(128, 128)
     W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32), M)
     opt = gt.Adam([W], lr=1e-4)
     W.grad = 1e-2 * torch.randn(128, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
     opt.step()
-    mode = Empty()
+    mode = mode_of(torch)
     with mode:
         opt.step()
+    return M, W, mode
+
+
+def test_a_square_frames_torch_adam_step_runs_no_operation_on_an_empty_tensor(backend):
+    """The eager ``geoarray.torch.Adam`` step of a 128×128 orthogonal weight (geotorch's copying task): its
+    g^hor has an empty B block (0 × 128), on which no torch operation runs (they were 15 of its 64)."""
+
+    def empty_mode(torch):
+        from torch.overrides import TorchFunctionMode
+
+        class Empty(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.seen = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                tensors = [a for a in optree.tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
+                if tensors and all(t.numel() == 0 for t in tensors):
+                    self.seen.append(getattr(func, "__name__", str(func)))
+                return func(*args, **(kwargs or {}))
+
+        return Empty()
+
+    M, W, mode = _square_torch_adam_step(backend, empty_mode)
     # creating the empty block, and reading its attributes (__get__: .shape, .dtype), are not operations on it
     allowed = {"zeros", "empty", "new_zeros", "new_empty", "detach", "__get__"}
     assert [f for f in mode.seen if f not in allowed] == [], mode.seen
@@ -516,30 +528,22 @@ def test_a_square_frames_torch_adam_step_dispatches_at_most_40_torch_operations(
     (½A was halved and doubled back), its identity is made once, the largest of one bound is that bound,
     exp's 1·X is X, c·I is added in one operation, and a param group's rate does not cast the step it
     ignores. The count is of operations, not of time; the weight stays orthonormal to float32 rounding."""
-    if backend.kind != "torch":
-        pytest.skip("counts torch operations: geoarray.torch runs on torch tensors only")
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    import geoarray.torch as gt
+    def count_mode(torch):
+        from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+        class Count(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
 
-    M = Stiefel(128, 128)
-    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float32), M)
-    opt = gt.Adam([W], lr=1e-4)
-    W.grad = 1e-2 * torch.randn(128, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
-    opt.step()
-    mode = Count()
-    with mode:
-        opt.step()
+        return Count()
+
+    M, W, mode = _square_torch_adam_step(backend, count_mode)
     assert len(mode.ops) <= 40, mode.ops
     assert mode.ops.count("aten.eye.m") <= 2, mode.ops  # the Björck step's and the exp's
     assert M.point_error(W.detach()) < 1e-5

@@ -404,14 +404,6 @@ def unmerge(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _unload(model: torch.nn.Module) -> dict[str, OrthogonalAdapter]:
-    """Replace every adapter by its unadapted base layer (no merge); returns the removed adapters."""
-    found = _adapters(model)
-    for name, adapter in found.items():
-        _set_submodule(model, name, adapter.base_layer)
-    return found
-
-
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapters' blocks: ``{"<layer name>.R": tensor (k, b, b)}``, the keys these tensors have in
     ``model.state_dict()``. Plain, contiguous, detached tensors that share storage with the parameters
