@@ -108,8 +108,6 @@ class Grassmann(OrthonormalFrames):
         n = self.n
         return xp.zeros((*W.B.shape[:-2], n, n), dtype=W.B.dtype, device=_device(W.B))
 
-    _a = _half_a  # A = 0: g^hor of the Grassmann manifold has no A-block
-
     def spectral_direction(self, Y: Array, G: Array) -> Array:
         """A* = msign((I − YYᵀ)G): the spectral steepest horizontal direction (closed form); see
         :func:`geoarray.manifolds.spectral.grassmann_spectral_direction`."""

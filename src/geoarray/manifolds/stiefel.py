@@ -202,9 +202,9 @@ class OrthonormalFrames(Manifold):
     def _half_a(self, W: Any, xp: Any) -> Array:
         """½A, the (..., n, n) top block of W (zero on the Grassmann manifold)."""
 
-    @abc.abstractmethod
     def _a(self, W: Any, xp: Any) -> Array:
-        """A itself (the square frames' exp(A) takes it whole)."""
+        """A itself (the square frames' exp(A) takes it whole): 2·½A unless a subclass holds A."""
+        return 2 * self._half_a(W, xp)
 
     # -- identity --------------------------------------------------------------------------
 
