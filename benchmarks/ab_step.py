@@ -126,6 +126,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             base = import_revision(args.base, folder)
         except ValueError as e:
             parser.exit(2, f"ab_step.py: error: {e}\n")
+        if args.torch:
+            try:
+                getattr(importlib.import_module(f"{base.__name__}.torch"), args.optimizer)
+            except (ImportError, AttributeError):
+                parser.exit(
+                    2,
+                    f"ab_step.py: error: --torch: revision {args.base!r} has no geoarray.torch.{args.optimizer}; "
+                    "leave out --torch (the core's optimizer) or pick a later revision\n",
+                )
         try:
             what = f"geoarray.torch.{args.optimizer}" if args.torch else args.optimizer
             print(

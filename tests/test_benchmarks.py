@@ -309,7 +309,8 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     """ab_step.py imports src/geoarray at a git revision beside this checkout and times both steps
     interleaved: against HEAD of a clean checkout the two are the same computation (max|ΔW| = 0; a working
     tree with uncommitted changes may differ by rounding), with positive, finite medians, for the core's
-    ``update`` and (``--torch``) geoarray.torch's ``opt.step()`` on the square set; a revision git
+    ``update`` and (``--torch``) geoarray.torch's ``opt.step()`` on the square set; ``--torch`` against a revision
+    from before geoarray.torch (where the clone holds one) and a revision git
     does not know is a one-line error with exit code 2. Run as a subprocess: the script imports a second
     copy of the library, which must not share this test process."""
     if bench_backend != "torch":
@@ -349,6 +350,28 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     assert bad.stderr.strip().splitlines() == [
         "ab_step.py: error: cannot export src/geoarray at --base 'no-such-revision-xyz' with git: "
         "fatal: not a valid object name: no-such-revision-xyz"
+    ]
+    # --torch against a revision from before geoarray.torch existed: one line, exit code 2
+    repo = os.path.dirname(BENCH_DIR)
+    first = subprocess.run(
+        ["git", "-C", repo, "rev-list", "HEAD", "--", "src/geoarray/torch/__init__.py"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    parent = f"{first[-1]}~1" if first else "no-such-revision-xyz"
+    before = subprocess.run(
+        ["git", "-C", repo, "rev-parse", "--verify", "-q", parent], capture_output=True, text=True, timeout=60
+    )
+    if before.returncode != 0:
+        return  # a shallow clone holds no revision from before geoarray.torch: nothing more to compare with
+    old = before.stdout.strip()
+    missing = subprocess.run(
+        [sys.executable, script, "--base", old, "--sets", "tiny", "--torch"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"ab_step.py: error: --torch: revision {old!r} has no geoarray.torch.Adam; leave out --torch (the core's "
+        "optimizer) or pick a later revision"
     ]
 
 
