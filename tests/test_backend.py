@@ -367,6 +367,36 @@ def test_select_runs_the_first_branch_whose_threshold_covers_the_value(xp, devic
             assert float(jitted(v)) == expected, value
 
 
+def test_a_square_frames_retraction_reads_a_value_that_requires_grad_without_a_warning(backend, device):
+    """Under torch's autograd (a ManifoldParameter's retraction in a model), exp(A) of a square frame reads
+    ‖A‖₁ to choose its Taylor rule: read through ``detach()``, with no torch warning about converting a
+    tensor that requires grad, and the retraction's gradient is autograd's (``torch.autograd.gradcheck``,
+    float64, its default tolerances: atol 1e-5, rtol 1e-3). Autograd tensors are torch's: other backends
+    differentiate by tracing, where nothing is read."""
+    if backend.kind != "torch":
+        pytest.skip("requires_grad is torch's autograd; the other backends read no traced value to the host")
+    import warnings
+
+    import torch
+
+    from geoarray.manifolds.stiefel import StiefelHorizontal
+
+    M = geoarray.Stiefel(4, 4)
+    lam = M.global_section(M.random(0, xp=torch, dtype=torch.float64, device=device))
+    A = 0.1 * torch.randn(4, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(device)
+    A = (A - A.mT).requires_grad_()
+    empty = torch.zeros(0, 4, dtype=torch.float64, device=device)
+
+    def retract(A):
+        return M.apply_retraction(lam, StiefelHorizontal(A, empty))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Y = retract(A)
+    assert float((Y.mT @ Y - torch.eye(4, dtype=torch.float64, device=device)).abs().max().detach()) < 1e-14
+    assert torch.autograd.gradcheck(retract, (A,))
+
+
 def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
     """``_backend.matmul`` (torch: (Bᵀ Aᵀ)ᵀ for batches of tall small products, several times faster there)
     equals A @ B to 1e-14 for the shapes of the ViT step (tall, square, wide, 2-D, broadcast batch), and is

@@ -286,7 +286,9 @@ def select(
     that are new closures at every call is traced and compiled again at every call (~0.25 s each).
     """
     if host_reads_allowed(value):
-        v = float(value)
+        # the value only chooses a route (not differentiated): a torch tensor that requires grad is read
+        # through detach(), without torch's warning about converting one to a scalar
+        v = float(value.detach() if getattr(value, "requires_grad", False) else value)
         for threshold, branch in zip(thresholds, branches, strict=False):
             if v <= threshold:  # False for NaN
                 return branch(operand)
