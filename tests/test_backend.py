@@ -700,3 +700,55 @@ def test_plus_identity_is_the_sum_with_c_times_the_identity(xp, device, c):
             got, want = _backend.plus_identity(P, c, eye, xp), P + c * eye
             assert got.dtype == dtype and tuple(got.shape) == shape
             assert np.array_equal(to_numpy(got), to_numpy(want))
+
+
+def test_where_equals_the_namespaces_where(xp, device):
+    """``_backend.where(c, a, b, xp)`` (torch: ``torch.where`` without array_api_compat's promotion step when a
+    and b share a dtype) equals ``xp.where`` bit for bit: same dtypes (float32, float64, with a broadcast 0-d
+    condition and a full one) and, through the namespace's own where, mixed ones."""
+    rng = np.random.default_rng(5)
+    for dtype in (xp.float32, xp.float64):
+        a = xp.asarray(rng.standard_normal((3, 4)), dtype=dtype, device=device)
+        b = xp.asarray(rng.standard_normal((3, 4)), dtype=dtype, device=device)
+        for c in (xp.asarray(True, device=device), xp.asarray(False, device=device), a > b):
+            got, want = _backend.where(c, a, b, xp), xp.where(c, a, b)
+            assert got.dtype == dtype
+            assert np.array_equal(to_numpy(got), to_numpy(want))
+    a32 = xp.asarray(rng.standard_normal((2, 2)), dtype=xp.float32, device=device)
+    b64 = xp.asarray(rng.standard_normal((2, 2)), dtype=xp.float64, device=device)
+    c = a32 > 0
+    got, want = _backend.where(c, a32, b64, xp), xp.where(c, a32, b64)
+    assert got.dtype == want.dtype == xp.float64
+    assert np.array_equal(to_numpy(got), to_numpy(want))
+
+
+def test_tree_leaves_and_like_tree_are_optrees(xp, device):
+    """``_backend.tree_leaves`` and ``_backend.like_tree`` are ``optree.tree_leaves`` and the unflattening by
+    a tree's structure, for a flat list and tuple of arrays, a dict, nested containers and None (no leaf).
+    Under ``torch.compile`` (torch only) a flat list or tuple of tensors takes a path without optree's
+    polyfills: the compiled function equals the eager one and is one graph."""
+    import optree
+
+    a = xp.asarray([1.0, 2.0], device=device)
+    b = xp.asarray([[3.0]], device=device)
+    trees = [[a, b], (a, b), {"x": a, "y": [b, None]}, [a, (b,)], [None, a]]
+    for tree in trees:
+        leaves = _backend.tree_leaves(tree)
+        assert len(leaves) == len(optree.tree_leaves(tree))
+        assert all(x is y for x, y in zip(leaves, optree.tree_leaves(tree), strict=True))
+        doubled = [2 * x for x in leaves]
+        rebuilt = _backend.like_tree(tree, doubled)
+        assert optree.tree_structure(rebuilt) == optree.tree_structure(tree)
+        assert all(x is y for x, y in zip(optree.tree_leaves(rebuilt), doubled, strict=True))
+    if _backend.backend_name(xp) != "torch":
+        return
+    import torch
+
+    def f(tree):
+        return _backend.like_tree(tree, [x + 1 for x in _backend.tree_leaves(tree)])
+
+    for tree in ([a, b], (a, b)):
+        compiled = torch.compile(f, fullgraph=True, backend="eager")
+        got, want = compiled(tree), f(tree)
+        assert type(got) is type(tree)
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))

@@ -181,6 +181,35 @@ def test_step_kernels_json(bench_backend, tmp_path, capsys):
     assert "floor/kernels" in capsys.readouterr().out
 
 
+def test_compile_trace_counts_what_dynamo_traces(bench_backend, tmp_path, capsys):
+    """compile_trace.py counts the bytecode instructions dynamo traces for a compiled ``geoarray.torch.Adam``
+    step and times the compile against ``torch.optim.Adam``'s: a positive count, the same in both rounds
+    (the count does not depend on the machine), ratios that are the quotients of the printed numbers, and
+    the trace diet of 2026-11-30 kept: at most 28,000 instructions for Adam's step (26,114 then; 33,686
+    before; an internal of torch 2.13's dynamo, so a new torch may move it). An unknown optimizer is a
+    one-line error with exit code 2."""
+    if bench_backend != "torch":
+        pytest.skip("compile_trace.py counts what torch.compile's dynamo traces")
+    module = load_benchmark("compile_trace")
+    path = tmp_path / "compile_trace.json"
+    module.main(["--optimizers", "Adam", "--repeat", "2", "--json", str(path)])
+    base, adam = json.loads(path.read_text())["rows"]
+    assert (base["optimizer"], adam["optimizer"]) == ("torch.optim.Adam", "Adam")
+    for row in (base, adam):
+        assert isinstance(row["instructions"], int) and row["instructions"] > 0, row
+        assert row["instructions_vary"] is False, row
+        _positive_finite(row["compile_s"], "compile_s")
+    assert adam["ratio_instructions"] == adam["instructions"] / base["instructions"]
+    assert math.isclose(adam["ratio_compile_s"], adam["compile_s"] / base["compile_s"], rel_tol=1e-12)
+    assert adam["instructions"] <= 28_000, adam["instructions"]
+    assert "instructions" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        module.main(["--optimizers", "Adamm"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown optimizers ['Adamm']" in err, err
+
+
 def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
     """step_kernels.py --compile times torch.compile(opt.update, fullgraph=True) with inductor against the
     same kernels, with all guards and with the library's globals unguarded

@@ -107,6 +107,37 @@ def test_compiled_first_step_says_to_run_it_eagerly(torch, gt, device):
     assert M.is_point(W.detach(), atol=1e-12)
 
 
+@pytest.mark.parametrize(("key", "value"), [("maximize", True), ("weight_decay", 0.0), ("betas", (0.8, 0.999))])
+def test_a_compiled_step_after_a_structural_change_says_to_run_it_eagerly(torch, gt, device, key, value):
+    """After compiled steps, a change of a hyperparameter that builds a new core (a flag, a weight decay that
+    becomes zero; betas, which Adam reads at every step, for contrast) makes dynamo trace the step again: the
+    traced step compares the group's key with its cohort's and raises ``RuntimeError`` saying to run that step
+    eagerly, leaving the weights as they were; after one eager step (which rebuilds the core) the compiled
+    steps go on and equal an eager twin's to ``AGREE_RTOL``. A live hyperparameter (betas) compiles again
+    and steps."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled, eager = _model(torch, gt, device), _model(torch, gt, device)
+    opt, opt_eager = (gt.Adam(list(ps), lr=1e-2, weight_decay=1e-3) for ps in (compiled, eager))
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    for t in range(3):
+        _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"step {t}")
+    for o in (opt, opt_eager):
+        o.param_groups[0][key] = value
+    if key != "betas":
+        opt.zero_grad()
+        _loss(torch, *compiled, 3, device).backward()
+        before = [p.detach().clone() for p in compiled]
+        with pytest.raises(Exception, match=r"hyperparameters of param group 0 changed.*Run that step eagerly"):
+            step()
+        assert all(torch.equal(p.detach(), q) for p, q in zip(compiled, before, strict=True))
+        _step_both(torch, device, 3, (compiled, opt, opt.step), (eager, opt_eager), what="eager step 3")
+    for t in range(4, 6):
+        _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"step {t} after {key}")
+    assert M.is_point(compiled[0].detach(), atol=1e-12)
+
+
 def test_validate_checks_the_values_on_request(torch, gt, device):
     W, b = _model(torch, gt, device)
     opt = gt.Adam([("layer.W", W), ("layer.b", b)], lr=1e-2)

@@ -45,12 +45,14 @@ from .control import (  # noqa: F401
     is_compiling,
     is_jax_tracer,
     is_traced,
+    like_tree,
     ordered_after,
     register_static_node,
     select,
     selects_on_device,
     set_host_reads,
     static_loop,
+    tree_leaves,
 )
 from .kernels import (
     SECTION_FORMS,
@@ -87,6 +89,7 @@ from .kernels import (
     torch_geqrf_op,
     torch_packed_ops,
     torch_packed_qr,
+    where,
 )
 from .namespace import (  # noqa: F401
     _BACKEND_NAMES,
@@ -164,6 +167,7 @@ __all__ = [
     "jit_with_fallback",
     "lerp",
     "lerp_",
+    "like_tree",
     "matmul",
     "matmul_into",
     "norm1",
@@ -190,7 +194,9 @@ __all__ = [
     "torch_geqrf_op",
     "torch_packed_ops",
     "torch_packed_qr",
+    "tree_leaves",
     "value_and_grad",
     "vmap_compiled",
+    "where",
     "writable",
 ]

@@ -133,6 +133,31 @@ def is_traced(x: Any) -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def _flat_tensors(tree: Any) -> bool:
+    """Whether ``tree`` is a list or tuple of torch tensors (its own leaves), asked while torch.compile
+    traces: there optree's functions are dynamo's Python polyfills, which traced ~300 instructions per
+    call for a list that geoarray.torch hands the core as it is."""
+    if type(tree) is not list and type(tree) is not tuple:
+        return False
+    torch = sys.modules["torch"]
+    return all(isinstance(x, torch.Tensor) for x in tree)
+
+
+def tree_leaves(tree: Any) -> list:
+    """``optree.tree_leaves(tree)``; under ``torch.compile`` a list or tuple of tensors without optree."""
+    if is_compiling() and _flat_tensors(tree):
+        return list(tree)
+    return optree.tree_leaves(tree)
+
+
+def like_tree(tree: Any, leaves: list) -> Any:
+    """``leaves`` in the tree structure of ``tree`` (``optree.tree_unflatten(optree.tree_structure(tree),
+    leaves)``); under ``torch.compile`` a list or tuple of tensors without optree."""
+    if is_compiling() and _flat_tensors(tree):
+        return type(tree)(leaves)
+    return optree.tree_unflatten(optree.tree_structure(tree), leaves)
+
+
 def ordered_after(values: Any, previous: Any) -> Any:
     """``values`` (a pytree of arrays), usable only once ``previous`` (a pytree of arrays, or None) is
     computed: traced by JAX, the first leaf of ``values`` gets a data dependency on one entry of every
@@ -148,11 +173,13 @@ def ordered_after(values: Any, previous: Any) -> Any:
     retractions ordered by this, 12 of 12 finished; the eager step, which this leaves alone, 4 of 4). An
     ``optimization_barrier`` does not do it: XLA turns it into control dependencies, which its CPU runtime
     does not order thunks by (tests/test_jax_lapack_order.py)."""
-    leaves = optree.tree_leaves(values)
-    if previous is None or not leaves:
-        return values
     jax = sys.modules.get("jax")
-    if jax is None or not isinstance(leaves[0], jax.core.Tracer):
+    # nothing to order without JAX, or while torch.compile traces (whose optree polyfill made the tree walk
+    # below ~250 traced instructions per call, twice per group and step)
+    if previous is None or jax is None or is_compiling():
+        return values
+    leaves = optree.tree_leaves(values)
+    if not leaves or not isinstance(leaves[0], jax.core.Tracer):
         return values
     before = [x for x in optree.tree_leaves(previous) if isinstance(x, jax.Array) and x.size]
     if not before:

@@ -372,8 +372,13 @@ def _eye_torch(n: int, m: int | None, like: Array) -> Array:
 
     m = n if m is None else m
     if is_compiling() and n < _EYE_AS_CONSTANT_BELOW and m < _EYE_AS_CONSTANT_BELOW:
-        rows = [[1.0 if i == j else 0.0 for j in range(m)] for i in range(n)]
-        return torch.tensor(rows, dtype=like.dtype, device=like.device)
+        # row-major, the ones lie m + 1 entries apart: a 1 and m zeros, min(n, m) times, cut or padded
+        # to n·m (list arithmetic: dynamo traces a few instructions, where a comprehension traced n·m
+        # iterations)
+        k = min(n, m)
+        flat = (([1.0] + [0.0] * m) * k)[: n * m]
+        flat = flat + [0.0] * (n * m - len(flat))
+        return torch.tensor(flat, dtype=like.dtype, device=like.device).reshape(n, m)
     return torch.eye(n, m, dtype=like.dtype, device=like.device)
 
 
@@ -411,6 +416,22 @@ def lerp(a: Array, b: Array, weight: Any, xp: Namespace) -> Array:
         if out is not NotImplemented:
             return out
     return a + weight * (b - a)
+
+
+# where(c, a, b) of two arrays of one dtype ---------------------------------------------------------------
+# array_api_compat's torch.where first aligns the dtypes of its operands by the array API's promotion rules
+# (several Python calls); with one dtype on both sides there is nothing to align, and under torch.compile those
+# calls were ~100 traced instructions per where (the non-finite policy selects every state array by one).
+
+
+def where(condition: Array, a: Array, b: Array, xp: Namespace) -> Array:
+    """``xp.where(condition, a, b)`` for arrays a and b (a where true, else b): one operation on torch when a
+    and b share a dtype."""
+    if is_torch(xp) and a.dtype == b.dtype:
+        import torch
+
+        return torch.where(condition, a, b)
+    return xp.where(condition, a, b)
 
 
 # In-place updates of arrays the caller owns ---------------------------------------------------------

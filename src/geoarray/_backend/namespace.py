@@ -414,6 +414,11 @@ def _is_real_floating(xp: Namespace, dtype: Any) -> bool:
     # checks its inputs (about 8 times per optimizer step). Not under torch.compile: dynamo (torch
     # 2.11) refused the (namespace, dtype) lookup as unhashable, and the check costs nothing once compiled.
     if is_compiling():
+        # array_api_compat's isdtype for torch answers with dtype.is_floating_point after a dozen traced
+        # instructions of dispatch on the kind
+        torch = sys.modules["torch"]
+        if isinstance(dtype, torch.dtype):
+            return dtype.is_floating_point
         return bool(xp.isdtype(dtype, "real floating"))
     try:
         return _REAL_FLOATING[xp, dtype]

@@ -519,8 +519,8 @@ def inputs(layout: Layout, params: Any, grads: Any, *, check: bool = True) -> tu
     ``check=False`` (the caller checked them already)."""
     if check:
         return check_inputs(layout, params, grads)
-    leaves = optree.tree_leaves(params)
-    return leaves, optree.tree_leaves(grads), array_namespace(*leaves)
+    leaves = _backend.tree_leaves(params)
+    return leaves, _backend.tree_leaves(grads), array_namespace(*leaves)
 
 
 def check_inputs(layout: Layout, params: Any, grads: Any) -> tuple[list, list, Any]:

