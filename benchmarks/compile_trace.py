@@ -19,14 +19,14 @@ process). ``torch.optim.Adam`` on the same two tensors, plain, is the baseline (
 ``--repeat`` rounds, interleaved (the optimizers in turn within a round); printed: the instructions (the
 same every round) and the median seconds, each with its ratio to torch's.
 
-Measured 2026-11-30 (torch 2.13 CPU, 2-core Xeon, ``--repeat 3``), before and after that day's trace
-diet (``_same_key`` compared once and without a call per entry, no tree walk for JAX's ordering or for a
-flat list of tensors under ``torch.compile``, ``torch.where`` without array_api_compat's promotion when both
-sides share a dtype, torch's dtype test without ``isdtype``'s dispatch, small identities by list arithmetic):
-``Adam`` 33,686 → 26,114 instructions, ``PaperAdam`` 26,198 → 19,153, ``SGD`` 30,487 → 23,086,
-``ManifoldMuon`` 15,768 → 12,629 (``torch.optim.Adam``: 1,087). The seconds moved less (medians of three
-alternating processes: Adam 2.36 → 1.96 s, SGD 2.11 → 1.99, ManifoldMuon 1.45 → 1.36, PaperAdam 1.51 →
-1.53; torch's 0.25–0.32 s): dynamo's work on the graph's operations and its guards did not change.
+Measured 2026-11-30 (torch 2.13 CPU, 2-core Xeon, ``--repeat 3``), at the session's start (cf427d6) and
+after that day's trace diet (``_same_key`` compared once and without a call per entry, no tree walk for
+JAX's ordering or for a flat list of tensors under ``torch.compile``, ``torch.where`` without
+array_api_compat's promotion when both sides share a dtype, torch's dtype test without ``isdtype``'s
+dispatch, small identities by list arithmetic, agreeing torch tensors accepted by a manifold's argument
+check in one pass): ``Adam`` 33,686 → 24,617 instructions, ``PaperAdam`` 26,198 → 17,855, ``SGD`` 30,487 →
+21,788, ``ManifoldMuon`` 15,768 → 12,577 (``torch.optim.Adam``: 1,087); the seconds, medians of three
+alternating processes: 1.80 → 1.56, 1.31 → 1.07, 1.69 → 1.61, 1.10 → 1.00 (torch's 0.2 s).
 
     python benchmarks/compile_trace.py [--optimizers Adam PaperAdam SGD ManifoldMuon] [--repeat 3]
         [--json out.json]

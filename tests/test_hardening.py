@@ -58,6 +58,24 @@ def test_mixed_dtypes_shapes_and_missing_arrays_raise_naming_the_argument(xp, de
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("kind", [Stiefel, Grassmann])
+def test_torch_tensors_on_two_devices_raise_naming_the_argument(xp, device, kind):
+    """A manifold method given torch tensors of one dtype on two devices refuses them with a ``ValueError``
+    naming the argument and both devices (the one-pass acceptance of agreeing torch tensors, ``_namespace``,
+    leaves a disagreement to the checks that name it); torch only: on a machine without a GPU, torch's
+    ``meta`` device is its only second device."""
+    if geoarray.backend_name(xp) != "torch":
+        pytest.skip("a second device without a GPU exists only in torch (meta)")
+    M = kind(8, 3)
+    Y = M.random(0, xp=xp, device=device)
+    G = geoarray.random.normal(1, (8, 3), xp=xp, device=device)
+    with pytest.raises(ValueError, match=r"dL is on device meta but Y on (cpu|cuda)"):
+        M.rgrad(Y, G.to("meta"))
+    with pytest.raises(TypeError, match=r"dL has dtype float32 but Y has float64"):
+        M.rgrad(Y, xp.astype(G, xp.float32))
+    assert M.is_tangent(Y, M.rgrad(Y, G))
+
+
 def test_symplectic_stiefel_checks_dtypes_too(xp, device):
     M = SymplecticStiefel(8, 4)
     Y = M.random(0, xp=xp, device=device)

@@ -145,7 +145,7 @@ def _same_key(a: Any, b: Any) -> bool:
     """Whether two cohort keys are equal, one entry at a time: each comparison is an ``if``, which dynamo
     answers for a symbolic number by guarding on it (it cannot compare tuples that hold symbolic ones).
     Nested tuples recurse; scalar entries are compared in the loop, not by a call each (dynamo inlines
-    every call it traces: with a call per entry, comparing the keys of two param groups' cohorts took
+    every call it traces: with a call per entry, comparing the keys of a step's two cohorts took
     3,076 of the 33,686 instructions dynamo traced for a geoarray.torch.Adam step, now 1,426)."""
     if not torch.compiler.is_compiling():
         return bool(a == b)
