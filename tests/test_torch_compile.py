@@ -107,14 +107,13 @@ def test_compiled_first_step_says_to_run_it_eagerly(torch, gt, device):
     assert M.is_point(W.detach(), atol=1e-12)
 
 
-@pytest.mark.parametrize(("key", "value"), [("maximize", True), ("weight_decay", 0.0), ("betas", (0.8, 0.999))])
-def test_a_compiled_step_after_a_structural_change_says_to_run_it_eagerly(torch, gt, device, key, value):
-    """After compiled steps, a change of a hyperparameter that builds a new core (a flag, a weight decay that
-    becomes zero; betas, which Adam reads at every step, for contrast) makes dynamo trace the step again: the
-    traced step compares the group's key with its cohort's and raises ``RuntimeError`` saying to run that step
-    eagerly, leaving the weights as they were; after one eager step (which rebuilds the core) the compiled
-    steps go on and equal an eager twin's to ``AGREE_RTOL``. A live hyperparameter (betas) compiles again
-    and steps."""
+def test_a_compiled_step_after_a_structural_change_says_to_run_it_eagerly(torch, gt, device):
+    """After compiled steps, a change of a hyperparameter that builds a new core (a flag, then a weight decay
+    that becomes zero) makes dynamo trace the step again: the traced step compares the group's key with its
+    cohort's and raises ``RuntimeError`` saying to run that step eagerly, leaving the weights as they were;
+    after one eager step (which rebuilds the core) the compiled steps go on and equal an eager twin's to
+    ``AGREE_RTOL``. A change of betas, which Adam reads at every step, compiles again and steps. One model
+    through the three changes in turn (a compile each, not a model each)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -123,18 +122,22 @@ def test_a_compiled_step_after_a_structural_change_says_to_run_it_eagerly(torch,
     step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
     for t in range(3):
         _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"step {t}")
-    for o in (opt, opt_eager):
-        o.param_groups[0][key] = value
-    if key != "betas":
-        opt.zero_grad()
-        _loss(torch, *compiled, 3, device).backward()
-        before = [p.detach().clone() for p in compiled]
-        with pytest.raises(Exception, match=r"hyperparameters of param group 0 changed.*Run that step eagerly"):
-            step()
-        assert all(torch.equal(p.detach(), q) for p, q in zip(compiled, before, strict=True))
-        _step_both(torch, device, 3, (compiled, opt, opt.step), (eager, opt_eager), what="eager step 3")
-    for t in range(4, 6):
-        _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"step {t} after {key}")
+    t = 3
+    for key, value in (("maximize", True), ("weight_decay", 0.0), ("betas", (0.8, 0.999))):
+        for o in (opt, opt_eager):
+            o.param_groups[0][key] = value
+        if key != "betas":
+            opt.zero_grad()
+            _loss(torch, *compiled, t, device).backward()
+            before = [p.detach().clone() for p in compiled]
+            with pytest.raises(Exception, match=r"hyperparameters of param group 0 changed.*Run that step eagerly"):
+                step()
+            assert all(torch.equal(p.detach(), q) for p, q in zip(compiled, before, strict=True)), key
+            _step_both(torch, device, t, (compiled, opt, opt.step), (eager, opt_eager), what=f"eager step {t}")
+            t += 1
+        for _ in range(2):
+            _step_both(torch, device, t, (compiled, opt, step), (eager, opt_eager), what=f"step {t} after {key}")
+            t += 1
     assert M.is_point(compiled[0].detach(), atol=1e-12)
 
 
