@@ -752,3 +752,29 @@ def test_tree_leaves_and_like_tree_are_optrees(xp, device):
         got, want = compiled(tree), f(tree)
         assert type(got) is type(tree)
         assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+
+
+def test_small_identities_under_torch_compile_are_the_identity(xp, device, backend):
+    """Under ``torch.compile`` an identity of fewer than 33 rows and columns enters the graph as a constant
+    built by list arithmetic (a 1 and m zeros, min(n, m) times, cut or padded to n·m) instead of
+    ``torch.eye``: square, wide, tall (also taller than m + 1, where the pattern is padded), empty, and the
+    largest constant size, float32 and float64, each equal to ``torch.eye`` bit for bit; from 33 rows on,
+    ``torch.eye`` itself. torch only: the constant exists for inductor's loops."""
+    if backend.kind != "torch":
+        pytest.skip("the identity as a graph constant is torch.compile's (kernels._eye_torch)")
+    import torch
+    import torch._dynamo
+
+    shapes = [(1, 1), (4, 4), (2, 5), (5, 2), (6, 1), (0, 3), (3, 0), (32, 32), (33, 4)]
+    like32 = xp.zeros((1,), dtype=xp.float32, device=device)
+
+    def identities(like):
+        return [_backend.eye(n, m, like, xp) for n, m in shapes]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(identities, fullgraph=True, backend="eager")
+    for like in (like32, xp.astype(like32, xp.float64)):
+        for (n, m), got in zip(shapes, compiled(like), strict=True):
+            want = torch.eye(n, m, dtype=like.dtype, device=like.device)
+            assert got.dtype == like.dtype and tuple(got.shape) == (n, m)
+            assert torch.equal(got, want), (n, m)
