@@ -186,8 +186,8 @@ def test_compile_trace_counts_what_dynamo_traces(bench_backend, tmp_path, capsys
     step and times the compile against ``torch.optim.Adam``'s: a positive count, the same in both rounds
     (the count does not depend on the machine), ratios that are the quotients of the printed numbers, and
     the trace diet of 2026-11-30 kept: at most 26,000 instructions for Adam's step (24,617 then; 33,686
-    before; an internal of torch 2.13's dynamo, so a new torch may move it). An unknown optimizer is a
-    one-line error with exit code 2."""
+    before; an internal of torch 2.13's dynamo, so a new torch may move it). An unknown optimizer and a
+    ``--repeat`` below 1 are one-line errors with exit code 2."""
     if bench_backend != "torch":
         pytest.skip("compile_trace.py counts what torch.compile's dynamo traces")
     module = load_benchmark("compile_trace")
@@ -208,6 +208,11 @@ def test_compile_trace_counts_what_dynamo_traces(bench_backend, tmp_path, capsys
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown optimizers ['Adamm']" in err, err
+    with pytest.raises(SystemExit) as info:
+        module.main(["--repeat", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--repeat must be ≥ 1, got 0" in err, err
 
 
 def test_step_kernels_compiled_step(bench_backend, tmp_path, capsys):
