@@ -15,11 +15,14 @@ crosses zero, Adam's moments are kept in the section's coordinates, and two roun
 different steps (St(4096, 128), against a2ed7c2: 1e-6 for 52 steps, 2.6e-3 at step 53, where one run's
 smallest |τ − 1| was 1.8e-6). ``--dtype float64`` then shows whether the update itself changed.
 
-torch only (the sets and the fixed-work policies are the ones ``step_kernels.py`` times, and ``128x128``, the
-square weight of ``square_step.py``).
+The sets are the ones ``step_kernels.py`` times, and ``128x128``, the square weight of ``square_step.py``. On
+torch by default; ``--backend numpy`` or ``array-api-strict`` times the core's step there (array-api-strict
+stands for a backend without native LAPACK factorisations, as CuPy is for some: the generic paths), and
+``--host-reads never`` the fixed-work route a GPU takes (``geoarray.set_host_reads``, set in both copies).
 
     python benchmarks/ab_step.py --base a2ed7c2 [--sets vit 1024x64 4096x128] [--steps 60] [--threads 1]
-        [--optimizer Adam|Momentum|Gradient] [--torch] [--dtype float32|float64] [--json out.json]
+        [--optimizer Adam|Momentum|Gradient] [--torch] [--dtype float32|float64]
+        [--backend torch|numpy|array-api-strict] [--host-reads cpu|never] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import tarfile
 import tempfile
 import warnings
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _sets import stiefel_set
@@ -43,6 +48,11 @@ from _timing import add_timing_arguments, interleaved_medians, load_namespace, m
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETS = ("vit", "1024x64", "4096x128", "tiny", "128x128")
 OPTIMIZERS = ("Adam", "Momentum", "Gradient")
+BACKENDS = ("torch", "numpy", "array-api-strict")
+
+
+def _host(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.from_dlpack(x)
 
 
 def import_revision(rev: str, folder: str):
@@ -86,23 +96,30 @@ def _stepper(lib, name: str, optimizer: str, xp, dtype, adapter: bool = False):
     return step, holder
 
 
-def bench(base, name: str, optimizer: str, steps: int, dtype: str = "float32", adapter: bool = False) -> dict:
-    import torch
-
+def bench(
+    base,
+    name: str,
+    optimizer: str,
+    steps: int,
+    dtype: str = "float32",
+    adapter: bool = False,
+    backend: str = "torch",
+) -> dict:
     import geoarray
 
-    xp = load_namespace("torch")
-    new_step, new = _stepper(geoarray, name, optimizer, xp, getattr(torch, dtype), adapter)
-    base_step, old = _stepper(base, name, optimizer, xp, getattr(torch, dtype), adapter)
+    xp = load_namespace(backend)
+    new_step, new = _stepper(geoarray, name, optimizer, xp, getattr(xp, dtype), adapter)
+    base_step, old = _stepper(base, name, optimizer, xp, getattr(xp, dtype), adapter)
     times = interleaved_medians({"new": new_step, "base": base_step}, steps)
     return {
         "set": name,
         "optimizer": f"geoarray.torch.{optimizer}" if adapter else optimizer,
+        "backend": backend,
         "dtype": dtype,
         "new_ms": 1e3 * times["new"],
         "base_ms": 1e3 * times["base"],
         "ratio_new_over_base": times["new"] / times["base"],
-        "max_abs_difference": float((new[0]["W"] - old[0]["W"]).abs().max()),
+        "max_abs_difference": float(np.max(np.abs(_host(new[0]["W"]) - _host(old[0]["W"])))),
     }
 
 
@@ -115,11 +132,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--torch", action="store_true", help="time geoarray.torch's optimizer of that name (opt.step()) instead"
     )
+    parser.add_argument("--backend", default="torch", choices=BACKENDS, help="the core's step on this backend")
+    parser.add_argument(
+        "--host-reads", default="cpu", choices=["cpu", "never"], help="geoarray.set_host_reads, in both copies"
+    )
     add_timing_arguments(parser, steps=60)
     args = parse_timing_arguments(parser, argv)
-    import torch
+    if args.torch and args.backend != "torch":
+        parser.error(
+            f"--torch times geoarray.torch's optimizer, which runs on torch: leave out --backend {args.backend}"
+        )
+    if args.backend == "torch":
+        import torch
 
-    torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         try:
@@ -136,14 +162,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "leave out --torch (the core's optimizer) or pick a later revision\n",
                 )
         try:
+            import geoarray
+
+            for lib in (geoarray, base):
+                if hasattr(lib, "set_host_reads"):
+                    lib.set_host_reads(args.host_reads)
+                elif args.host_reads != "cpu":  # older revisions read on the CPU, the library's default
+                    parser.exit(
+                        2, f"ab_step.py: error: revision {args.base!r} has no set_host_reads; leave out --host-reads\n"
+                    )
             what = f"geoarray.torch.{args.optimizer}" if args.torch else args.optimizer
+            threads = f"{args.threads} thread(s), " if args.backend == "torch" else ""
             print(
-                f"this checkout against {args.base}: {what}, {args.dtype}, {args.threads} thread(s), "
-                f"median of {args.steps} interleaved"
+                f"this checkout against {args.base}: {what} on {args.backend}, {args.dtype}, {threads}"
+                f"host reads {args.host_reads}, median of {args.steps} interleaved"
             )
             print(f"{'set':9} {'new ms':>8} {'base ms':>8} {'new/base':>8} {'max|ΔW|':>9}")
             for name in args.sets:
-                row = bench(base, name, args.optimizer, args.steps, args.dtype, args.torch)
+                row = bench(base, name, args.optimizer, args.steps, args.dtype, args.torch, args.backend)
                 rows.append(row)
                 print(
                     f"{name:9} {row['new_ms']:8.3f} {row['base_ms']:8.3f} {row['ratio_new_over_base']:8.3f} "

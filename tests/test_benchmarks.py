@@ -343,7 +343,9 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     """ab_step.py imports src/geoarray at a git revision beside this checkout and times both steps
     interleaved: against HEAD of a clean checkout the two are the same computation (max|ΔW| = 0; a working
     tree with uncommitted changes may differ by rounding), with positive, finite medians, for the core's
-    ``update`` and (``--torch``) geoarray.torch's ``opt.step()`` on the square set; ``--torch`` against a revision
+    ``update``, (``--torch``) geoarray.torch's ``opt.step()`` on the square set and (``--backend
+    array-api-strict --host-reads never``) the core's step on the generic paths; ``--torch`` with another
+    backend is an argparse error (exit code 2); ``--torch`` against a revision
     from before geoarray.torch (where the clone holds one) and a revision git
     does not know is a one-line error with exit code 2. Run as a subprocess: the script imports a second
     copy of the library, which must not share this test process."""
@@ -376,6 +378,27 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     for key in ("new_ms", "base_ms", "ratio_new_over_base"):
         _positive_finite(row[key], key)
     assert row["max_abs_difference"] < 1e-5
+    # --backend array-api-strict --host-reads never: the core's step on the generic paths, the fixed-work route
+    strict = subprocess.run(
+        [sys.executable, script, "--base", "HEAD", "--sets", "tiny", "--steps", "2", "--backend", "array-api-strict",
+         "--host-reads", "never", "--json", str(path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert strict.returncode == 0, strict.stderr
+    assert "Adam on array-api-strict, float32, host reads never" in strict.stdout
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["backend"] == "array-api-strict" and row["optimizer"] == "Adam"
+    for key in ("new_ms", "base_ms", "ratio_new_over_base"):
+        _positive_finite(row[key], key)
+    assert row["max_abs_difference"] < 1e-5
+    both = subprocess.run(
+        [sys.executable, script, "--base", "HEAD", "--torch", "--backend", "numpy"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines()[-1] == (
+        "ab_step.py: error: --torch times geoarray.torch's optimizer, which runs on torch: leave out --backend numpy"
+    )
     bad = subprocess.run(
         [sys.executable, script, "--base", "no-such-revision-xyz", "--sets", "tiny"],
         capture_output=True, text=True, env=env, timeout=300,

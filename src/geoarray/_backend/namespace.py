@@ -121,9 +121,11 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
     (e.g. a NumPy array and a torch tensor) raise ``TypeError`` naming each backend involved.
     """
     values = arrays + tuple(named.values()) if named else arrays
-    # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray (or of a subclass: a Parameter) depends
-    # on its type alone; the optimizers ask a few dozen times per step, and the general route below costs
-    # ≈ 1.5 µs per call and traces, under torch.compile, array_api_compat's lru_cache wrappers (a warning)
+    # the namespace of a torch.Tensor, numpy.ndarray or cupy.ndarray (or of a subclass: a Parameter), of an
+    # array_api_strict.Array and of a JAX array or tracer depends on its type alone; the optimizers ask a few
+    # dozen times per step, and the general route below costs ≈ 1.5 µs per call (array-api-strict: ≈ 20 µs, its
+    # __array_namespace__ checks the version), and traces, under torch.compile, array_api_compat's lru_cache
+    # wrappers (a warning)
     ns = None
     for a in values:
         if a is None:
@@ -145,7 +147,7 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
         pass
     else:
         for _, a in items:
-            if type(a).__module__.split(".")[0] in ("torch", "numpy", "cupy"):
+            if type(a).__module__.split(".")[0] in _TYPED_NAMESPACES:
                 _NAMESPACE_OF_TYPE[type(a)] = ns
         return ns
     kinds: dict[str, list] = {}
@@ -194,6 +196,8 @@ def as_namespace(xp: Any) -> Namespace:
 
 
 _NAMESPACE_OF_TYPE: dict[type, Namespace] = {}
+#: the top-level modules whose array types :func:`array_namespace` remembers (jaxlib: jax.Array's ArrayImpl)
+_TYPED_NAMESPACES = ("torch", "numpy", "cupy", "array_api_strict", "jax", "jaxlib")
 
 
 def _known(ns: Namespace, array_type: type) -> Namespace:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
-
-import array_api_extra as xpx
 
 from .. import _backend
 from .._backend import array_namespace
@@ -31,31 +30,36 @@ class HouseholderQR(NamedTuple):
 
 
 def _geqrf_generic(A: Array, xp: Any) -> tuple[Array, Array, Array]:
-    n = A.shape[-1]
+    """LAPACK's geqrf by n batched rank-one updates (dlarfg, then dlarf), for backends without a native one
+    (array-api-strict, CuPy; JAX compiles it). The optimizers' Householder section runs it at every step
+    there, so it spends few array operations per column: it updates the trailing block B (rows and
+    columns k on) and keeps its first row as R's row k, so nothing is written into an array (JAX's are
+    immutable, and the copy and index checks of a functional update cost more than the update on
+    array-api-strict), and it adds axes by ``expand_dims`` rather than by indexing, which array-api-strict
+    validates at ~10× the cost."""
+    *batch, _, n = A.shape
     dev = _backend.device(A)
-    R = A
-    vs, taus = [], []
+    one = xp.ones((*batch, 1), dtype=A.dtype, device=dev)
+    B = A
+    vs, taus, rows = [], [], []
     for k in range(n):
-        x = R[..., k:, k]
-        alpha = x[..., 0]
-        xnorm = xp.linalg.vector_norm(x[..., 1:], axis=-1)
-        # LAPACK dlarfg: beta = -sign(alpha)·‖x‖; no reflection (tau = 0) when the tail is zero
+        alpha, tail = B[..., 0, 0], B[..., 1:, 0]
+        xnorm = xp.linalg.vector_norm(tail, axis=-1)
+        # LAPACK's dlarfg with s = −beta = sign(alpha)·‖x‖: tau = (alpha + s)/s, v = [1, tail/(alpha + s)]; no
+        # reflection (tau = 0, v = e₁) where the tail is zero, where the divisions take 1 and ∞ (no 0/0)
         trivial = xnorm == 0
-        beta = xp.where(trivial, alpha, -xp.copysign(xp.hypot(alpha, xnorm), alpha))
-        tau = xp.where(trivial, xp.zeros_like(alpha), (beta - alpha) / xp.where(trivial, 1.0, beta))
-        denom = xp.where(trivial, xp.ones_like(alpha), alpha - beta)
-        v = xp.concat([xp.ones_like(x[..., :1]), x[..., 1:] / denom[..., None]], axis=-1)
-        sub = R[..., k:, k:]
-        w = xp.matmul(v[..., None, :], sub)  # (..., 1, n-k) = vᵀ R
-        sub = sub - tau[..., None, None] * (v[..., :, None] * w)
-        # copy on the first write: R starts as the caller's A, which must not be modified
-        R = xpx.at(R)[..., k:, k:].set(sub, copy=True if k == 0 else None)
-        pad = xp.zeros((*v.shape[:-1], k), dtype=A.dtype, device=dev)
-        vs.append(xp.concat([pad, v], axis=-1))
+        s = xp.copysign(xp.hypot(alpha, xnorm), alpha)
+        d = xp.where(trivial, 1.0, alpha + s)
+        tau = d / xp.where(trivial, math.inf, s)
+        v = xp.concat([one, tail / xp.expand_dims(d, axis=-1)], axis=-1)
+        w = xp.matmul(xp.expand_dims(v, axis=-2), B)  # (..., 1, n-k) = vᵀ B
+        B = B - xp.reshape(tau, (*batch, 1, 1)) * (xp.expand_dims(v, axis=-1) * w)
+        zeros = xp.zeros((*batch, k), dtype=A.dtype, device=dev)
+        vs.append(xp.concat([zeros, v], axis=-1))
+        rows.append(xp.concat([zeros, B[..., 0, :]], axis=-1))
         taus.append(tau)
-    V = xp.stack(vs, axis=-1)
-    tau = xp.stack(taus, axis=-1)
-    return V, tau, xp.triu(R[..., :n, :])
+        B = B[..., 1:, 1:]
+    return xp.stack(vs, axis=-1), xp.stack(taus, axis=-1), xp.stack(rows, axis=-2)
 
 
 def _compact_wy(V: Array, tau: Array, xp: Any) -> tuple[Array, Array]:
