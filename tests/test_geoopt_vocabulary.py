@@ -153,6 +153,14 @@ def test_geoopt_random_without_xp_draws_torch_from_torchs_generator(torch):
     assert M.check_point_on_manifold(a, atol=1e-5)
 
 
+def test_geoopt_random_without_xp_and_without_torch_names_the_fix(monkeypatch):
+    """Where torch is not installed (``_backend.torch_module`` finds none), geoopt's ``M.random(*size)``
+    without ``xp`` is a TypeError that says to pass the namespace; nothing is drawn."""
+    monkeypatch.setattr(geoarray._backend, "torch_module", lambda: None)
+    with pytest.raises(TypeError, match=r"torch is not installed; pass the namespace, e\.g\. M\.random\(\*size, xp="):
+        Stiefel(5, 2).random(5, 2)
+
+
 def test_shapeless_manifolds_and_transp_say_what_to_write():
     with pytest.raises(TypeError, match=r"Stiefel\(\) needs its shape.*Stiefel\(N, n\)"):
         Stiefel()

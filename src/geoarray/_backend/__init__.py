@@ -47,6 +47,7 @@ from .control import (  # noqa: F401
     is_traced,
     like_tree,
     ordered_after,
+    ordering_token,
     register_static_node,
     select,
     selects_on_device,
@@ -115,6 +116,7 @@ from .namespace import (  # noqa: F401
     is_torch,
     resolve_dtype,
     to_host,
+    torch_module,
     writable,
 )
 
@@ -172,6 +174,7 @@ __all__ = [
     "matmul_into",
     "norm1",
     "ordered_after",
+    "ordering_token",
     "plus_identity",
     "register_fast_path",
     "register_static_node",
@@ -192,6 +195,7 @@ __all__ = [
     "to_host",
     "torch_apply_packed_q",
     "torch_geqrf_op",
+    "torch_module",
     "torch_packed_ops",
     "torch_packed_qr",
     "tree_leaves",

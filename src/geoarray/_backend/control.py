@@ -193,6 +193,15 @@ def ordered_after(values: Any, previous: Any) -> Any:
     return optree.tree_unflatten(spec, [first + zero.astype(first.dtype), *rest])
 
 
+def ordering_token(value: Any, latest: Any, xp: Any) -> Any:
+    """What the next :func:`ordered_after` orders after, once ``value`` is computed: ``value`` on JAX when it
+    holds arrays, else ``latest`` unchanged. Only JAX's traces are ordered; elsewhere the tree walk is
+    skipped (under ``torch.compile`` optree's polyfill costs ~250 traced instructions per call)."""
+    if not is_jax(xp):
+        return latest
+    return value if optree.tree_leaves(value) else latest
+
+
 def computed_once(x: Array) -> Array:
     """``x`` itself; under ``torch.compile``, a floating ``x`` kept as a stored value that the loops reading
     it load.

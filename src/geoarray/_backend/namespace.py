@@ -162,6 +162,16 @@ def array_namespace(*arrays: Any, **named: Any) -> Namespace:
     raise TypeError(f"{', '.join(keys)} is not an array of a supported array library (got {described})")
 
 
+def torch_module() -> ModuleType | None:
+    """``torch``, imported, or None where it is not installed: the default namespace of geoopt's call forms
+    (``M.random(*size)`` draws torch tensors, as geoopt does)."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return None
+    return torch
+
+
 def as_namespace(xp: Any) -> Namespace:
     """The standard-compatible namespace for a user-supplied module.
 

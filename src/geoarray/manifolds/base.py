@@ -174,13 +174,12 @@ class Manifold(abc.ABC):
                 "M.random(seed, xp=...)"
             )
         if xp is None:
-            try:
-                import torch as xp
-            except ModuleNotFoundError:
+            xp = _backend.torch_module()
+            if xp is None:
                 raise TypeError(
                     f"{self!r}.random(*size) without xp draws torch tensors, as geoopt does, but torch is not "
                     "installed; pass the namespace, e.g. M.random(*size, xp=numpy, seed=0)"
-                ) from None
+                )
         batch = shape[: len(shape) - k] if k else shape
         return self._random_point(seed, xp=xp, batch_shape=batch, dtype=dtype, device=device, **kwargs)
 

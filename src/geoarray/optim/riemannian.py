@@ -508,14 +508,12 @@ class RiemannianOptimizer:
         uses_params = getattr(self.transform, "uses_params", True)
         points, lams, lifted, lifted_params = [], [], [], []
         latest = None  # the last section computed, which the next one is ordered after
-        is_jax = _backend.is_jax(xp)
         for g, (group, G) in enumerate(zip(layout.groups, packed_grads, strict=True)):
             Y = _layout.pack(group, leaves, xp)
             # under jax.jit one group's section (a batched geqrf) after the last one's: two at once can
             # hang jaxlib's CPU LAPACK kernels (_backend.ordered_after)
             lam = self._section(group, _backend.ordered_after(Y, latest), g, step, state.sections)
-            if is_jax:  # only JAX's traces are ordered (and optree's polyfill is costly under torch.compile)
-                latest = lam if optree.tree_leaves(lam) else latest
+            latest = _backend.ordering_token(lam, latest, xp)
             points.append(Y)
             lams.append(lam)
             lifted.append(group.manifold.lift(Y, lam, G))
