@@ -410,6 +410,24 @@ def test_ab_step_against_head(bench_backend, tmp_path):
     ]
     # --torch against a revision from before geoarray.torch existed: one line, exit code 2
     repo = os.path.dirname(BENCH_DIR)
+    # --host-reads never against a revision from before set_host_reads: one line, exit code 2
+    added = subprocess.run(
+        ["git", "-C", repo, "log", "--format=%H", "-S", "def set_host_reads", "--", "src/geoarray"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    older = subprocess.run(
+        ["git", "-C", repo, "rev-parse", "--verify", "-q", f"{added[-1]}~1"], capture_output=True, text=True, timeout=60
+    ) if added else None  # fmt: skip
+    if older is not None and older.returncode == 0:  # a shallow clone may hold no such revision
+        rev = older.stdout.strip()
+        reads = subprocess.run(
+            [sys.executable, script, "--base", rev, "--backend", "numpy", "--host-reads", "never", "--sets", "tiny"],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert reads.returncode == 2
+        assert reads.stderr.strip().splitlines() == [
+            f"ab_step.py: error: revision {rev!r} has no set_host_reads; leave out --host-reads"
+        ]
     first = subprocess.run(
         ["git", "-C", repo, "rev-list", "HEAD", "--", "src/geoarray/torch/__init__.py"],
         capture_output=True, text=True, timeout=60,

@@ -36,7 +36,7 @@ def _geqrf_generic(A: Array, xp: Any) -> tuple[Array, Array, Array]:
     columns k on) and keeps its first row as R's row k, so nothing is written into an array (JAX's are
     immutable, and the copy and index checks of a functional update cost more than the update on
     array-api-strict), and it adds axes by ``expand_dims`` rather than by indexing, which array-api-strict
-    validates at ~10× the cost."""
+    validates at ~6× the cost (``a[..., None, :]`` 31 µs against ``expand_dims`` 5 µs, an addition 7 µs)."""
     *batch, _, n = A.shape
     dev = _backend.device(A)
     one = xp.ones((*batch, 1), dtype=A.dtype, device=dev)
