@@ -373,6 +373,32 @@ def test_a_first_compile_in_a_fresh_process_traces_no_lru_cache(torch, gt):
     assert "Dynamo detected a call to a `functools.lru_cache`" not in done.stdout, done.stdout
 
 
+_IMPORT_ORDER = """
+import geoarray  # before torch: no framework is imported by geoarray itself
+import geoarray.torch as gt
+import torch.utils._pytree as pytree
+from geoarray._backend import control
+
+print(sorted(c.__qualname__ for c in control._STATIC_NODES if c not in pytree.SUPPORTED_NODES))
+"""
+
+
+def test_importing_geoarray_torch_registers_the_state_nodes_with_torchs_pytree(torch, gt):
+    """The optimizer states' static nodes (the layouts) are registered with ``torch.utils._pytree`` when
+    geoarray.torch is imported, also where geoarray was imported before torch. They were registered at the
+    first optimizer step: a model compiled before it then saw the registry grow, which dynamo guards
+    (``len(optree.registry._NODETYPE_REGISTRY)``), and recompiled at the second step (the compiled model and
+    step test, run first in a process, failed so). A fresh process: this one has registered them long ago."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", _IMPORT_ORDER], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", f"not registered with torch's pytree after import: {done.stdout}"
+
+
 @pytest.mark.parametrize("name", ["Adam", "PaperAdam", "SGD"])
 def test_a_tensor_lr_is_an_input_of_the_compiled_step(torch, gt, device, name):
     """With a tensor lr (torch's recipe for compiled and captured steps under a scheduler) the compiled step
