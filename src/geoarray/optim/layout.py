@@ -22,7 +22,10 @@ by shape like manifold leaves. float16/bfloat16 leaves are packed in float32 and
 The state follows the groups: one value per group. :func:`leaf_states` gives each leaf its part of it
 (``{path: {"step": ..., "exp_avg": ...}}``; one leaf's: :func:`leaf_state`), the fields named by the
 states themselves (:func:`per_leaf` on a transform's state type, ``per_group_fields`` on an optimizer's
-state): ``geoarray.torch``'s ``opt.state[p]`` is :func:`leaf_state`.
+state): ``geoarray.torch``'s ``opt.state[p]`` is :func:`leaf_state`. :func:`state_pieces` cuts every array
+of a state per leaf, by its slot (its path in the state), and :func:`state_from_pieces` packs such pieces
+back into a state, bit for bit: ``geoarray.torch.checkpoint`` saves and loads a cohort's state through
+them, one entry per parameter, so that a checkpoint reshards.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import optree
 
@@ -46,6 +49,7 @@ __all__ = [
     "Group",
     "Layout",
     "LeafPath",
+    "StatePiece",
     "check_inputs",
     "declared_nodes",
     "declared_paths",
@@ -62,12 +66,15 @@ __all__ = [
     "make_layout",
     "map_per_group",
     "pack",
+    "pack_pieces",
     "packed_prefix",
     "per_group_nodes",
     "per_leaf",
     "per_leaf_fields",
     "per_unit",
     "piece_of",
+    "state_from_pieces",
+    "state_pieces",
     "unpack",
     "write_piece",
 ]
@@ -239,6 +246,20 @@ def pack(group: Group, leaves: list, xp: Any) -> Array:
     else:
         packed = xp.concat([xp.reshape(leaves[i], (-1,)) for i in group.indices], axis=0)
     return xp.astype(packed, xp.float32) if group.upcast else packed
+
+
+def pack_pieces(group: Group, pieces: list, xp: Any) -> Any:
+    """One group's packed value from its leaves' pieces, in the order of ``group.indices``: the piece
+    itself for a single leaf, the pieces stacked along a new first axis (every array of a pytree such as a
+    horizontal element) for stacked leaves, raveled and concatenated for raveled ones. The inverse of
+    :func:`leaf_piece`, bit for bit (:func:`pack` packs the parameters themselves, at every step)."""
+    if len(pieces) != len(group.indices):
+        raise ValueError(f"a group of {len(group.indices)} leaves needs as many pieces, got {len(pieces)}")
+    if group.packing == AS_IS:
+        return pieces[0]
+    if group.packing == STACKED:
+        return optree.tree_map(lambda *a: xp.stack(a, axis=0), *pieces)
+    return xp.concat([xp.reshape(p, (-1,)) for p in pieces], axis=0)
 
 
 def unpack(group: Group, packed: Array, shapes: tuple, xp: Any, out: list) -> None:
@@ -512,6 +533,83 @@ def leaf_states(state: Any) -> dict[str, dict[str, Any]]:
     if getattr(state, "per_group_fields", None) is None:
         return {}
     return {path: leaf_state(state, j) for j, path in enumerate(state.layout.paths)}
+
+
+class StatePiece(NamedTuple):
+    """One array of an optimizer state as :func:`state_pieces` cuts it: ``slot`` is the array's path in the
+    state with the position of its parameter group written ``*`` (``"2.1.1.*.0"``), ``leaf`` the index of
+    the parameter leaf whose piece ``value`` is, or None for an array of the whole state (a step counter)."""
+
+    slot: str
+    leaf: int | None
+    value: Any
+
+
+def _state_slots(state: Any) -> tuple[list[tuple[str, int | None, Any]], Any]:
+    """Every array of ``state`` as ``(slot, group or None, array)``, in the state's order, and its treedef."""
+    if getattr(state, "layout", None) is None or getattr(state, "per_group_paths", None) is None:
+        raise TypeError(
+            f"the optimizer state {type(state).__name__} has no layout that assigns its arrays to parameter "
+            "leaves; only a state of one optimizer with a layout is cut per leaf (not partition's, optax's)"
+        )
+    nodes = per_group_nodes(state)
+    paths, leaves, treedef = optree.tree_flatten_with_path(state)
+    out: list[tuple[str, int | None, Any]] = []
+    for path, leaf in zip(paths, leaves, strict=True):
+        cut = next((n for n in range(len(path)) if path[:n] in nodes), None)
+        if cut is None:
+            out.append((".".join(map(str, path)), None, leaf))
+        else:
+            slot = ".".join([*map(str, path[:cut]), "*", *map(str, path[cut + 1 :])])
+            out.append((slot, nodes[path[:cut]][path[cut]], leaf))
+    return out, treedef
+
+
+def state_pieces(state: Any) -> list[StatePiece]:
+    """Every array of an optimizer state cut per parameter leaf: for each array of a node that holds one
+    entry per parameter group (:func:`per_group_nodes`: the transforms' per-leaf fields, the carried
+    sections, BFGS's H per frame), one :class:`StatePiece` per leaf of its group (:func:`leaf_piece`);
+    for every other array (the step and skip counters), one piece with ``leaf=None``. Ordered by the
+    state's leaves, then the group's leaves. :func:`state_from_pieces` is the inverse. What
+    ``geoarray.torch.checkpoint`` saves, one entry per parameter and slot. ``TypeError`` for a state with
+    no layout."""
+    slots, _ = _state_slots(state)
+    layout = state.layout
+    out: list[StatePiece] = []
+    for slot, g, array in slots:
+        if g is None:
+            out.append(StatePiece(slot, None, array))
+        else:
+            group = layout.groups[g]
+            out += [StatePiece(slot, j, leaf_piece(group, array, j, layout.shapes)) for j in group.indices]
+    return out
+
+
+def state_from_pieces(like: Any, values: Any) -> Any:
+    """The state of ``like``'s structure (its layout, its transforms) whose arrays are packed from
+    ``values``, a mapping ``{(slot, leaf): array}`` holding every piece that :func:`state_pieces` cuts
+    ``like`` into (``leaf`` None for an array of the whole state): each per-group array packed from its
+    leaves' pieces (:func:`pack_pieces`), every other array as given. The inverse of
+    :func:`state_pieces`, bit for bit. A missing piece is a ``KeyError`` naming the slot and the leaf's path
+    (nothing is built); shapes and dtypes are not checked here (the caller knows where they came from)."""
+    slots, treedef = _state_slots(like)
+    layout = like.layout
+    leaves = []
+    for slot, g, array in slots:
+        if g is None:
+            keys = [(slot, None)]
+        else:
+            keys = [(slot, j) for j in layout.groups[g].indices]
+        missing = [k for k in keys if k not in values]
+        if missing:
+            slot_, j = missing[0]
+            where = "the whole state" if j is None else layout.paths[j]
+            raise KeyError(f"no piece for slot {slot_!r} of {where} (leaf {j})")
+        if g is None:
+            leaves.append(values[keys[0]])
+        else:
+            leaves.append(pack_pieces(layout.groups[g], [values[k] for k in keys], array_namespace(array)))
+    return optree.tree_unflatten(treedef, leaves)
 
 
 def inputs(layout: Layout, params: Any, grads: Any, *, check: bool = True) -> tuple[list, list, Any]:

@@ -38,7 +38,9 @@ checkpoint therefore loads on W' ≠ W ranks, or in one process, and the resumed
 uninterrupted one to rounding (on different ranks the gradients are reduce-scattered means, which
 round differently) — bit for bit only on the same ranks, where ``optimizer.state_dict()`` also serves.
 
-The per-group entries of a cohort state are those the state declares
+The core cuts a cohort state into these pieces and packs them back
+(:func:`geoarray.optim.layout.state_pieces` and :func:`~geoarray.optim.layout.state_from_pieces`, on every
+backend); the per-group entries are those the state declares
 (:func:`geoarray.optim.layout.per_group_nodes`: its ``per_group_paths``, each transform's per-group
 fields declared with :func:`~geoarray.optim.layout.per_leaf`): a tuple with one entry per layout group
 (or per Euclidean group), each entry's tensors leading with that group's packed shape. Every core of
@@ -61,10 +63,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import optree
 import torch
 
-from ..optim.layout import AS_IS, STACKED, per_group_nodes
+from ..optim.layout import state_from_pieces, state_pieces
 from . import _dtensor
 
 __all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
@@ -73,51 +74,12 @@ _HYPER_SKIP = frozenset({"params", "param_names"})
 _NOT_HYPER = _HYPER_SKIP | {"initial_lr"}  # an LR scheduler's bookkeeping
 
 
-# -- the cohort state, split into per-parameter pieces and packed back ---------------------------------
-
-
-def _slots(state: Any) -> list[tuple[str, int | None, Any, tuple]]:
-    """Every state tensor as ``(slot, group index or None, tensor, path)``; the slot names the tensor's
-    path with the group's position replaced by ``*``."""
-    if getattr(state, "layout", None) is None or getattr(state, "per_group_paths", None) is None:
-        raise TypeError(
-            f"the optimizer state {type(state).__name__} has no layout: its tensors cannot be assigned to "
-            "parameters; save it with optimizer.state_dict() and resume on the same ranks"
-        )
-    nodes = per_group_nodes(state)  # the state declares its per-group nodes (geoarray.optim.layout)
-    paths, leaves, _ = optree.tree_flatten_with_path(state)
-    out: list[tuple[str, int | None, Any, tuple]] = []
-    for path, leaf in zip(paths, leaves, strict=True):
-        cut = next((n for n in range(len(path)) if path[:n] in nodes), None)
-        if cut is None:
-            out.append((".".join(map(str, path)), None, leaf, path))
-        else:
-            g = nodes[path[:cut]][path[cut]]
-            slot = ".".join([*map(str, path[:cut]), "*", *map(str, path[cut + 1 :])])
-            out.append((slot, g, leaf, path))
-    return out
-
-
-def _unpack(group: Any, packed: torch.Tensor, j: int, shapes: tuple) -> torch.Tensor:
-    if group.packing == AS_IS:
-        return packed
-    if group.packing == STACKED:
-        return packed[group.indices.index(j)]
-    offset = 0
-    for i in group.indices:
-        size = math.prod(shapes[i])
-        if i == j:
-            return packed[offset : offset + size].reshape(shapes[j])
-        offset += size
-    raise KeyError(j)
-
-
-def _pack(group: Any, pieces: dict) -> torch.Tensor:
-    if group.packing == AS_IS:
-        return pieces[group.indices[0]]
-    if group.packing == STACKED:
-        return torch.stack([pieces[i] for i in group.indices])
-    return torch.cat([pieces[i].reshape(-1) for i in group.indices])
+def _pieces(state: Any) -> list:
+    """The cohort state cut per parameter by the core (:func:`geoarray.optim.layout.state_pieces`)."""
+    try:
+        return state_pieces(state)
+    except TypeError as exc:
+        raise TypeError(f"{exc}: save it with optimizer.state_dict() and resume on the same ranks") from None
 
 
 # -- one piece, as this rank holds it ↔ as dcp saves it ------------------------------------------------
@@ -232,17 +194,14 @@ def get_optimizer_state_dict(model: Any, optimizer: Any) -> dict:
         for cohort in cohorts:
             params = [group["params"][i] for i in cohort.indices]
             modes, owners = _modes(optimizer, group, params)
-            slots = _slots(cohort.state)  # refuses a state without a layout
-            layout = cohort.state.layout
             pieces = []
-            for slot, g, leaf, _ in slots:
-                if g is None:
-                    shared = _distinct(leaf, seen)  # one tensor under every parameter
+            for slot, j, value in _pieces(cohort.state):
+                if j is None:
+                    shared = _distinct(value, seen)  # one tensor under every parameter
                     for i in cohort.indices:
                         state.setdefault(names[gi][i], {})[slot] = shared
                 else:
-                    grp = layout.groups[g]
-                    pieces += [(j, slot, _unpack(grp, leaf, j, layout.shapes)) for j in grp.indices]
+                    pieces.append((j, slot, value))
             # in the same order on every rank (the collectives of owned matrices must pair up): the
             # layout's groups are not — they stack the matrices a rank owns apart from those it does not
             for j, slot, piece in sorted(pieces, key=lambda t: (t[0], t[1])):
@@ -325,17 +284,13 @@ def _build(optimizer: Any, names: list, state_dict: dict, saved_cohorts: list) -
             cohort = optimizer._new_cohort(group, gi, indices, restoring=True)
             params = [group["params"][i] for i in indices]
             modes, owners = _modes(optimizer, group, params)
-            layout = cohort.state.layout
-            paths, _, treedef = optree.tree_flatten_with_path(cohort.state)
             values, wanted = {}, []
-            for slot, g, leaf, path in _slots(cohort.state):
-                if g is None:
-                    values[path] = _shared(state_dict, [names[gi][i] for i in indices], slot, leaf)
+            for slot, j, like in _pieces(cohort.state):
+                if j is None:
+                    values[slot, None] = _shared(state_dict, [names[gi][i] for i in indices], slot, like)
                 else:
-                    grp = layout.groups[g]
-                    wanted += [(j, slot, path, grp, _unpack(grp, leaf, j, layout.shapes)) for j in grp.indices]
-            got: dict = {}
-            for j, slot, path, grp, like_piece in sorted(wanted, key=lambda t: (t[0], t[1])):  # as in get_…
+                    wanted.append((j, slot, like))
+            for j, slot, like in sorted(wanted, key=lambda t: (t[0], t[1])):  # as in get_…
                 fqn, p = names[gi][indices[j]], params[j]
                 entry = state_dict["state"].get(fqn, {})
                 if slot not in entry:
@@ -343,13 +298,8 @@ def _build(optimizer: Any, names: list, state_dict: dict, saved_cohorts: list) -
                         f"optimizer state dict has no state {slot!r} for {fqn!r}: it was written by another "
                         "optimizer, or with other cohorts"
                     )
-                where = f"{fqn}[{slot!r}]"
-                got.setdefault(path, (grp, {}))[1][j] = _import(
-                    entry[slot], like_piece, p, modes[j], owners.get(id(p)), where
-                )
-            for path, (grp, pieces) in got.items():
-                values[path] = _pack(grp, pieces)
-            cohort.state = optree.tree_unflatten(treedef, [values[path] for path in paths])
+                values[slot, j] = _import(entry[slot], like, p, modes[j], owners.get(id(p)), f"{fqn}[{slot!r}]")
+            cohort.state = state_from_pieces(cohort.state, values)  # the core packs the pieces back
             cohort.buffers = False  # leaves may share memory: capturable=True makes its buffers afresh
             cohort.key = optimizer._hyper_key(group)
             cohort.restored = True  # its weights are checked at the first eager step (Optimizer._check_restored)
