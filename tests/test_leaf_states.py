@@ -46,6 +46,15 @@ def _grads(params, k):
     return optree.tree_unflatten(spec, out)
 
 
+def _stepped(opt, xp, device, steps=2):
+    """The test tree and ``opt``'s state after ``steps`` steps of fixed gradients from it."""
+    params, mans = _tree(xp, device)
+    state = opt.init(params, mans)
+    for k in range(steps):
+        params, state = opt.update(params, _grads(params, k), state)
+    return params, mans, state
+
+
 def _repack(group, pieces, xp):
     """The test's inverse of leaf_piece: a single leaf's value as it is, stacked leaves stacked (every
     array of a pytree such as a horizontal element), raveled leaves raveled and concatenated."""
@@ -72,11 +81,7 @@ def _same(a, b):
     ids=["Adam", "Momentum", "ManifoldMuon"],
 )
 def test_leaf_pieces_pack_back_into_the_grouped_state(xp, device, make, names):
-    opt = make()
-    params, mans = _tree(xp, device)
-    state = opt.init(params, mans)
-    for k in range(2):
-        params, state = opt.update(params, _grads(params, k), state)
+    _, _, state = _stepped(make(), xp, device)
     layout = state.layout
     per_leaf = _layout.leaf_states(state)
     assert set(per_leaf) == set(layout.paths)
@@ -231,10 +236,7 @@ def test_state_pieces_pack_back_into_the_state_bit_for_bit(xp, device, name):
     sections among the slots. The per-leaf ``pack_pieces`` inverts ``leaf_piece`` as the test's own
     reference does."""
     opt = _OPTIMIZERS[name]()
-    params, mans = _tree(xp, device)
-    state = opt.init(params, mans)
-    for k in range(2):
-        params, state = opt.update(params, _grads(params, k), state)
+    params, _, state = _stepped(opt, xp, device)
     layout = state.layout
     pieces = _layout.state_pieces(state)
     shared = [p for p in pieces if p.leaf is None]
@@ -264,10 +266,7 @@ def test_state_pieces_pack_back_into_the_state_bit_for_bit(xp, device, name):
 def test_state_from_pieces_names_a_missing_piece_and_refuses_a_state_without_layout(xp, device):
     """A piece left out is a ``KeyError`` naming its slot and its leaf's path; ``partition``'s state (its
     members' states each with their own layout) is a ``TypeError``: it has no layout to cut by."""
-    params, mans = _tree(xp, device)
-    opt = optim.Adam(1e-2)
-    state = opt.init(params, mans)
-    params, state = opt.update(params, _grads(params, 0), state)
+    params, mans, state = _stepped(optim.Adam(1e-2), xp, device, steps=1)
     pieces = _layout.state_pieces(state)
     values = {(p.slot, p.leaf): p.value for p in pieces}
     dropped = next(p for p in pieces if p.leaf is not None)
