@@ -171,7 +171,10 @@ def _bytecode_env() -> dict[str, str]:
     installs (:func:`_uv_env`): torch's requirements installed in 16.2 s with bytecode, 1.7 s without.
     ``nox -s tests-numpy tests-array-api-strict`` from a clean tree, alternating: 160.6 and 141.8 s against
     163.5 and 152.0 s (installs 4 s against 15 s; the first session's tests a little slower, compiling what
-    they import, the second's a little faster)."""
+    they import, the second's a little faster). ``nox -s tests-torch-cpu`` alone, alternating: 217.7 and
+    252.5 s against 211.3 and 268.5 s (installs 2.7 against 19 s; its tests 208 and 241 s against 187 and
+    245 s: two workers and inductor's compile processes compile the same first imports side by side, and the
+    machine's speed drifted between the pairs), so about even there."""
     return {"PYTHONDONTWRITEBYTECODE": ""}
 
 
