@@ -262,7 +262,7 @@ def _holding(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
 
 
 def _remake(base: type[torch.nn.Module]) -> torch.nn.Module:
-    cls = _holding(base)
+    cls: Any = _holding(base)  # a Module subclass; without torch's stubs (nox -s lint) mypy sees type.__new__
     return cls.__new__(cls)  # pickle then sets its state (Module.__setstate__), as for any module
 
 
