@@ -264,7 +264,8 @@ def test_state_pieces_pack_back_into_the_state_bit_for_bit(xp, device, name):
 
 
 def test_state_from_pieces_names_a_missing_piece_and_refuses_a_state_without_layout(xp, device):
-    """A piece left out is a ``KeyError`` naming its slot and its leaf's path; ``partition``'s state (its
+    """A piece left out is a ``KeyError`` naming its slot and its leaf's path, ``values`` that is not a mapping
+    a ``TypeError`` and a wrong number of pieces for a group a ``ValueError``; ``partition``'s state (its
     members' states each with their own layout) is a ``TypeError``: it has no layout to cut by."""
     params, mans, state = _stepped(optim.Adam(1e-2), xp, device, steps=1)
     pieces = _layout.state_pieces(state)
@@ -274,6 +275,11 @@ def test_state_from_pieces_names_a_missing_piece_and_refuses_a_state_without_lay
     path = state.layout.paths[dropped.leaf]
     with pytest.raises(KeyError, match=re.escape(f"no piece for slot {dropped.slot!r} of {path}")):
         _layout.state_from_pieces(state, values)
+    with pytest.raises(TypeError, match=r"values must be a mapping \{\(slot, leaf\): array\}.*got list"):
+        _layout.state_from_pieces(state, list(pieces))
+    group = state.layout.groups[0]
+    with pytest.raises(ValueError, match=rf"pieces must hold one piece per leaf of the group \({len(group.indices)},"):
+        _layout.pack_pieces(group, [], xp)
     labels = {"Y": ["a"] * 3, "Z": "a", "w": ["b", "b"], "b": "b"}
     whole = optim.partition({"a": optim.Adam(1e-2), "b": optim.Momentum(1e-2)}, labels)
     with pytest.raises(TypeError, match="has no layout"):

@@ -31,7 +31,7 @@ them, one entry per parameter, so that a checkpoint reshards.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -254,7 +254,10 @@ def pack_pieces(group: Group, pieces: list, xp: Any) -> Any:
     horizontal element) for stacked leaves, raveled and concatenated for raveled ones. The inverse of
     :func:`leaf_piece`, bit for bit (:func:`pack` packs the parameters themselves, at every step)."""
     if len(pieces) != len(group.indices):
-        raise ValueError(f"a group of {len(group.indices)} leaves needs as many pieces, got {len(pieces)}")
+        raise ValueError(
+            f"pieces must hold one piece per leaf of the group ({len(group.indices)}, in the order of "
+            f"group.indices), got {len(pieces)}"
+        )
     if group.packing == AS_IS:
         return pieces[0]
     if group.packing == STACKED:
@@ -592,6 +595,11 @@ def state_from_pieces(like: Any, values: Any) -> Any:
     leaves' pieces (:func:`pack_pieces`), every other array as given. The inverse of
     :func:`state_pieces`, bit for bit. A missing piece is a ``KeyError`` naming the slot and the leaf's path
     (nothing is built); shapes and dtypes are not checked here (the caller knows where they came from)."""
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            "values must be a mapping {(slot, leaf): array} (as built from state_pieces), "
+            f"got {type(values).__name__}"
+        )
     slots, treedef = _state_slots(like)
     layout = like.layout
     leaves = []
