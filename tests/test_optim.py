@@ -412,7 +412,8 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     """torch.compile(opt.update, fullgraph=True) traces a step without a graph break (geqrf through a
     custom operator with a fake kernel; φ₁ by the fixed route that Adam's step bound names, or where the
     bound names none, its doubling loop as a while_loop) and equals eager
-    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding), compiling once for all three;
+    to 1e-12 over 3 steps (1e-10 where lr = 15 amplifies rounding), compiling once for all three, from a
+    first point in the other layout than the step computes (its outputs keep their input's strides);
     small identities enter the graph as constants, not as ``torch.eye``;
     ``scale`` 300 forces doublings. The
     AOT backend ("aot_eager") checks tracing and functionalisation without the minutes of C++ compilation
@@ -431,8 +432,9 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
         params, mans = {"Y": M.random(0, xp=xp, batch_shape=(16,), device=device)}, {"Y": M}
         grads = lambda p: {"Y": p["Y"] * 0.3 - 0.1}  # noqa: E731
     packed = _backend.householder_section_form(tuple(params["Y"].shape), xp, device) == "packed"
-    if not packed:  # the first point in the layout the step returns (compact WY: row-major; LAPACK's packed
-        params["Y"] = params["Y"].contiguous()  # form: column-major, as random's QR makes it): one graph
+    if packed:  # the first point in the layout the step does not return: random's QR makes it column-major,
+        params["Y"] = params["Y"].contiguous()  # compact WY returns row-major points, LAPACK's packed form
+    assert params["Y"].is_contiguous() == packed  # column-major ones; still one graph (_backend.in_layouts_of)
     opt = optim.Adam(5e-2 * scale)
     state = opt.init(params, mans)
     traced: set[str] = set()
@@ -468,6 +470,41 @@ def test_torch_compile_traces_the_whole_step_and_equals_eager(backend, xp, devic
     assert not any("tensordot" in t for t in traced), sorted(traced)
     # small identities are stored constants, not torch.eye (which inductor spells as an index comparison)
     assert not any("eye" in t for t in traced), sorted(traced)
+
+
+def test_a_compiled_manifold_muon_keeps_its_points_strides_and_compiles_once(backend, xp, device):
+    """``torch.compile(opt.update, fullgraph=True)`` of manifold Muon (Adam's: the test above) from
+    Stiefel.random's points (column-major: a QR's Q)
+    captures one graph for 3 steps: the compiled step returns each point with its input's strides
+    (``_backend.in_layouts_of``), where the step computes row-major ones and dynamo, which guards on
+    strides, captured the whole step again at the second call. Eager steps return what they compute."""
+    if backend.kind != "torch":
+        pytest.skip("torch.compile's guards on strides are torch's")
+    import torch
+
+    torch._dynamo.reset()  # dynamo caches by code object: this test counts its own captures
+    M = Stiefel(16, 4)
+    params = {"W": M.random(0, xp=xp, batch_shape=(3,), device=device)}
+    assert not params["W"].is_contiguous()  # a QR's Q, column-major
+    opt = optim.ManifoldMuon(lr=1e-2)
+    state = opt.init(params, {"W": M})
+    grads = {"W": xp.full_like(params["W"], 1e-2)}
+    graphs = []
+
+    def counting(gm, example_inputs):  # dynamo's capture alone: the property is its guards
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(opt.update, backend=counting, fullgraph=True)
+    strides = params["W"].stride()
+    eager, eager_state = params, state
+    for _ in range(3):
+        params, state = compiled(params, grads, state)
+        eager, eager_state = opt.update(eager, grads, eager_state)
+        assert params["W"].stride() == strides
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 3 steps"
+    assert eager["W"].is_contiguous()  # eagerly, the row-major points the step computes, not copied
+    assert_close(params["W"], eager["W"], xp=xp, atol=1e-12)
 
 
 def test_jax_vmap_of_update_equals_a_loop(backend, xp, device):

@@ -353,6 +353,28 @@ def split(x: Array, sizes: list[int], xp: Namespace) -> list:
     return out
 
 
+# A compiled step's points in the layout they came in -------------------------------------------------------
+# dynamo guards on its inputs' strides, and a step does not keep them: torch.linalg.qr returns Q column-major
+# (Stiefel.random's points), the compact-WY section's products return row-major points, the packed section's
+# ormqr column-major ones. A compiled opt.update whose first point came in one layout and left in the other
+# compiled the whole step again at its second call (an Adam step on 4 × Stiefel(49, 7) with inductor: 11.9 s,
+# then 3.5 s more). Eager steps return what they compute: a layout costs them nothing, and a copy would.
+
+
+def in_layouts_of(new: list, old: list) -> list:
+    """The arrays ``new`` (a step's points), each in the memory layout of the same-shaped ``old[i]`` (its
+    input) while ``torch.compile`` traces the step, so that the compiled step's outputs fit the strides it
+    was traced for and the next call reuses it; ``new`` as it is elsewhere (eager, and every other backend)."""
+    if not is_compiling():
+        return new
+    import torch
+
+    return [
+        n if n.shape != o.shape or n.stride() == o.stride() else torch.empty_like(o).copy_(n)
+        for n, o in zip(new, old, strict=True)
+    ]
+
+
 # The identity ---------------------------------------------------------------------------------------
 # torch.eye is one operation; array_api_compat's eye for torch is three (zeros, diagonal, fill_), and a
 # step builds a few identities.

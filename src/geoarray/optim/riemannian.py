@@ -460,6 +460,7 @@ class RiemannianOptimizer:
         layout = state.layout
         leaves, gleaves, xp = _layout.inputs(layout, params, grads, check=check)
         new_leaves, new_state = self._step(layout, leaves, gleaves, state, xp, donate=donate, skip=skip)
+        new_leaves = _backend.in_layouts_of(new_leaves, leaves)  # a compiled step: one graph for every call
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec
         # made inside the traced call can rebuild the tree, one carried by the state cannot
         return _backend.like_tree(params, new_leaves), new_state
