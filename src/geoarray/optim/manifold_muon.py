@@ -331,9 +331,9 @@ class ManifoldMuon:
         step = _backend.as_array(state.step + 1)
         new_state = ManifoldMuonState(step, state.skipped, tuple(buffers), tuple(duals), muon_state, layout)
         new_state = keep_where_finite(finite, new_state, state, xp, skip=skip)
+        new_leaves = _backend.in_layouts_of(new_leaves, leaves)  # a compiled step: one graph for every call
         # the structure of this call's params (= layout.treedef, checked): under torch.compile a spec made
         # inside the traced call can rebuild the tree, one carried by the state cannot
-        new_leaves = _backend.in_layouts_of(new_leaves, leaves)  # a compiled step: one graph for every call
         return optree.tree_unflatten(optree.tree_structure(params), new_leaves), new_state
 
     def _pieces(self, layout: Layout, leaves: list, xp: Any) -> list:
