@@ -111,7 +111,8 @@ from .optim import (
 from .parameter import ManifoldParameter, manifold_of, nearest_point, project_
 
 _backend.as_namespace(_torch)  # registers torch.Tensor's namespace: a first call inside torch.compile finds it
-_foreign.install()  # torch's global hooks: foreign optimizers warn, replaced ManifoldParameters keep their manifold
+# torch's global hooks: foreign optimizers warn, replaced ManifoldParameters keep their manifold
+_foreign.install(Optimizer)
 # the optimizer states' static layout nodes, registered with torch.utils._pytree now rather than at the first
 # step: that would grow the registry, whose size dynamo guards, and recompile a model compiled before it
 _backend.ensure_static_nodes()

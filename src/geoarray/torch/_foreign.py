@@ -67,13 +67,11 @@ _FIX = {name: name for name in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "A
 
 
 def _is_geoarray(optimizer: Any) -> bool:
-    from .optimizer import Optimizer
-
-    if isinstance(optimizer, Optimizer):
+    if isinstance(optimizer, _OWN):
         return True
     # wrappers that step through an inner optimizer (ZeroRedundancyOptimizer's .optim, PostLocalSGD's .optim)
     inner = getattr(optimizer, "optim", None)
-    return isinstance(inner, Optimizer)
+    return isinstance(inner, _OWN)
 
 
 def _name(group: dict, gi: int, i: int, p: torch.Tensor) -> str:
@@ -343,10 +341,16 @@ def refuse_torch_sharded(params: list, name_of: Callable[[int], str]) -> None:
 
 
 _HANDLES: list = []
+#: geoarray's optimizer class, handed over by install(): the step hook leaves its instances alone (given,
+#: not imported, because geoarray.torch.optimizer imports this module)
+_OWN: tuple[type, ...] = ()
 
 
-def install() -> None:
-    """Register the two global hooks (idempotent; called when ``geoarray.torch`` is imported)."""
+def install(own: type) -> None:
+    """Register the two global hooks (idempotent; called when ``geoarray.torch`` is imported); ``own``: the
+    class of geoarray's optimizers (:class:`geoarray.torch.Optimizer`), whose steps are not foreign."""
+    global _OWN
+    _OWN = (own,)
     if _HANDLES:
         return
     from torch.nn.modules.module import register_module_parameter_registration_hook
