@@ -64,8 +64,22 @@ key; 40 and 361 once exp(A) took A itself and made one identity), ``floor-bjorck
 eager step put 32% of its samples in the Python interpreter, ~39% in dispatch (ATen's dispatcher, torch's
 Python bindings and their allocations) and 26% in the kernels (GEMM 17%, elementwise 10%).
 
+``--replay`` splits each step into its torch operations and the Python around them: one step of each
+optimizer is recorded (every ATen operation that reaches torch's dispatcher from Python, with copies of its
+arguments; torch.optim's profiler markers left out) and its operations are replayed back to back from
+Python, one call each and nothing else, timed interleaved with the steps themselves. ``replay_ms`` is
+then what the optimizer's own sequence of operations costs without its library code around it: no
+implementation of that sequence in eager Python can be faster, so ``step ÷ replay`` is the share the
+Python adds and ``replay ÷ floor-bjorck's replay`` what the sequence itself costs over the floor's. In-place
+operations of a replay act on their recorded copies at every repetition (values drift; shapes and work do
+not). Issue #51 asks for the square step within 1.25× of ``floor-bjorck``; measured (2026-11-30,
+``OMP_NUM_THREADS=1 --floor --replay --steps 300``, three runs, float32, n = 128) geoarray's step took
+2.11–2.13× ``floor-bjorck``'s, its 38 operations replayed alone 1.26–1.33× the floor's 23 replayed alone, and
+the step 1.27–1.37× its own replay: with no Python at all the sequence would still miss 1.25×, so the goal
+needs fewer passes over memory (a fused step), not only less Python.
+
     OMP_NUM_THREADS=1 python benchmarks/square_step.py [--n 128] [--dtype float32] [--steps 200]
-        [--kernels] [--floor] [--anatomy] [--json out.json]
+        [--kernels] [--floor] [--anatomy] [--replay] [--json out.json]
 """
 
 from __future__ import annotations
@@ -216,6 +230,48 @@ def _anatomy(steppers: dict) -> dict:
     return out
 
 
+def _copies(x: object) -> object:
+    """``x`` with every strided tensor in it copied (a recorded operation's arguments)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone() if x.layout == torch.strided else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_copies(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _copies(v) for k, v in x.items()}
+    return x
+
+
+def _replays(steppers: dict) -> dict:
+    """Per stepper, ``(replay, count)``: a function that calls, back to back, the ATen operations of its third
+    step (the first builds the optimizer's state; recorded with a ``TorchDispatchMode``, each with copies of
+    its arguments), and how many there are; torch.optim's ``profiler`` markers are not recorded (bookkeeping
+    of its step wrapper, no work). Every stepper takes the same three steps here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    out = {}
+    for name, step in steppers.items():
+        step()
+        step()
+        calls: list = []
+
+        class _Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None, calls=calls):
+                kwargs = kwargs or {}
+                if func.namespace != "profiler":
+                    calls.append((func, _copies(args), _copies(kwargs)))
+                return func(*args, **kwargs)
+
+        with _Record():
+            step()
+
+        def replay(calls=calls) -> None:
+            for func, args, kwargs in calls:
+                func(*args, **kwargs)
+
+        out[name] = (replay, len(calls))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     import shlex
 
@@ -237,6 +293,11 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="also count, per optimizer, the torch operations and Python calls of one step (untimed)",
     )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="also time each step's own torch operations replayed without its Python (the op sequence's cost)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.n < 1 or args.steps < 1:
@@ -248,7 +309,13 @@ def main(argv: list[str] | None = None) -> dict:
         floor_fns, floor_weights = _floors(args.n, dtype, args.lr)
         steppers.update(floor_fns)
         weights.update(floor_weights)
-    medians = interleaved_medians(steppers, args.steps)
+    timed = dict(steppers)
+    replays = {}
+    if args.replay:
+        replays = _replays(steppers)
+        timed.update({f"{name} (replay)": fn for name, (fn, _) in replays.items()})
+    medians = interleaved_medians(timed, args.steps)
+    replay_ms = {name: medians.pop(f"{name} (replay)") for name in replays}
     rows = []
     print(f"one Adam step on a {args.n}×{args.n} orthogonal weight, {args.dtype}, {args.threads} thread(s), "
           f"median of {args.steps} interleaved steps")  # fmt: skip
@@ -256,9 +323,21 @@ def main(argv: list[str] | None = None) -> dict:
         row = {"optimizer": name, "median_ms": 1e3 * t, "vs_torch": t / medians["torch"]}
         if "geoopt" in medians:
             row["vs_geoopt"] = t / medians["geoopt"]
+        replayed = ""
+        if name in replay_ms:
+            row["replay_ms"] = 1e3 * replay_ms[name]
+            row["replay_ops"] = replays[name][1]
+            row["step_over_replay"] = t / replay_ms[name]
+            replayed = (
+                f"  ops replayed {row['replay_ms']:7.3f} ms ({row['replay_ops']} ops, "
+                f"step {row['step_over_replay']:4.2f}×)"
+            )
+            if "floor-bjorck" in replay_ms:
+                row["replay_vs_floor_bjorck_replay"] = replay_ms[name] / replay_ms["floor-bjorck"]
+                replayed += f", {row['replay_vs_floor_bjorck_replay']:4.2f}× floor-bjorck's replay"
         rows.append(row)
         vs_geoopt = f"  {row['vs_geoopt']:5.2f}× geoopt" if "vs_geoopt" in row else ""
-        print(f"{name:15s} {row['median_ms']:7.3f} ms  {row['vs_torch']:5.2f}× torch.optim.Adam{vs_geoopt}")
+        print(f"{name:15s} {row['median_ms']:7.3f} ms  {row['vs_torch']:5.2f}× torch.optim.Adam{vs_geoopt}{replayed}")
     floor = None
     if args.floor:
         eye = torch.eye(args.n, dtype=dtype)
@@ -271,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
                 }
                 for name, Y in weights.items()
             }
-        print(f"after {args.steps + 3} steps from the same start:")
+        print(f"after {args.steps + 3 + (3 if args.replay else 0)} steps from the same start:")
         for name, f in floor.items():
             print(f"  {name:15s} max|YᵀY − I| {f['max_abs_orthogonality_error']:.1e}   "
                   f"max|Y − Y_geoarray| {f['max_abs_difference_to_geoarray']:.1e}")  # fmt: skip

@@ -6,7 +6,9 @@ kernel of a square fast path, I + A·φ₁(A), equals the 2n×2n retraction kern
 rounding; with ``--floor`` the two hand-written floor steps run the same update as geoarray's Adam (their
 weights equal its weight to float32 rounding after the timed steps) and the one with the Björck step
 stays orthonormal to float32 rounding; with ``--anatomy`` every optimizer's step dispatches torch operations and
-Python calls, the floor fewer of each than geoarray's. No time is asserted. Torch sessions only: the script times
+Python calls, the floor fewer of each than geoarray's; with ``--replay`` every optimizer's recorded operations
+replay on their own, as many as one step dispatches (``--anatomy``'s count, torch.optim's profiler markers
+aside). No time is asserted. Torch sessions only: the script times
 torch optimizers."""
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ def test_square_step_json(backend, tmp_path, capsys):
         pytest.skip("benchmarks/square_step.py times torch optimizers on the CPU: the torch session runs it")
     module = load_benchmark("square_step")
     path = tmp_path / "square.json"
-    module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--anatomy", "--json", str(path)])
+    module.main(["--n", "8", "--steps", "2", "--kernels", "--floor", "--anatomy", "--replay", "--json", str(path)])
     assert "torch.optim.Adam" in capsys.readouterr().out
     result = json.loads(path.read_text())
     assert (
         result["command"]
-        == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --floor --anatomy --json {path}"
+        == f"python benchmarks/square_step.py --n 8 --steps 2 --kernels --floor --anatomy --replay --json {path}"
     )
     rows = {r["optimizer"]: r for r in result["rows"]}
     expected = {"geoarray", "geoarray-paper", "torch", "floor", "floor-bjorck"}
@@ -58,3 +60,11 @@ def test_square_step_json(backend, tmp_path, capsys):
     assert all(a["torch_ops"] > 0 and a["python_calls"] > 0 for a in anatomy.values()), anatomy
     assert anatomy["floor-bjorck"]["python_calls"] < anatomy["geoarray"]["python_calls"]
     assert anatomy["floor-bjorck"]["torch_ops"] < anatomy["geoarray"]["torch_ops"]
+    # --replay: each optimizer's own operations, replayed without its Python; as many as one step dispatches
+    # (the anatomy's count, less torch.optim's two profiler markers, which the replay leaves out)
+    markers = {name: 2 if name in ("geoarray", "geoarray-paper", "torch", "geoopt") else 0 for name in rows}
+    for name, row in rows.items():
+        assert row["replay_ms"] > 0 and math.isfinite(row["replay_ms"])
+        assert row["replay_ops"] == anatomy[name]["torch_ops"] - markers[name], (name, row, anatomy[name])
+        assert math.isclose(row["step_over_replay"], row["median_ms"] / row["replay_ms"], rel_tol=1e-9)
+    assert rows["floor-bjorck"]["replay_vs_floor_bjorck_replay"] == 1.0
