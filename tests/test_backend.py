@@ -410,6 +410,26 @@ def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
     assert (_backend.fast_path("matmul", xp) is None) == (backend.kind != "torch")
 
 
+def test_matmul_transposes_only_a_column_major_tall_operand(torch):
+    """torch's ``matmul`` fast path computes (Bᵀ Aᵀ)ᵀ only where A is column-major in its matrix axes (LAPACK's
+    layout, the packed Householder section's lifts), where that is the faster bmm; a row-major A takes A @ B, as
+    (Bᵀ Aᵀ)ᵀ on two transposed views is torch's 10–20× slower CPU bmm (the ViT set's velocity, row-major after
+    init's zeros, made whole steps 1.33× slower). Seen by the result: a transposed view or a row-major array,
+    equal to A @ B to 1e-14 either way."""
+    from geoarray._backend.kernels import _matmul_torch
+
+    rng = np.random.default_rng(15)
+    B = torch.as_tensor(rng.standard_normal((6, 7, 7)))
+    rows = torch.as_tensor(rng.standard_normal((6, 42, 7)))
+    columns = torch.as_tensor(rng.standard_normal((6, 7, 42))).mT  # (6, 42, 7), column-major
+    lapack_slice = torch.as_tensor(rng.standard_normal((6, 7, 49))).mT[:, 7:, :]  # rows of a column-major array
+    for A, transposed in ((rows, False), (rows[:, 7:, :], False), (columns, True), (lapack_slice, True)):
+        out = _matmul_torch(A, B)
+        assert float((out - A @ B).abs().max()) < 1e-14
+        # (Bᵀ Aᵀ)ᵀ is the transpose of a row-major product; A @ B is row-major itself
+        assert out.mT.is_contiguous() == transposed and out.is_contiguous() == (not transposed), A.stride()
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 def test_all_finite_flags_every_kind_of_non_finite_entry(xp, device, dtype_name):
     """``all_finite`` (the optimizers' skip check) and ``all_finite_on_host`` (its eager form, over several

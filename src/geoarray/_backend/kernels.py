@@ -276,17 +276,22 @@ def plus_identity(P: Array, c: float, eye: Array, xp: Namespace) -> Array:
 
 
 # A @ B for batches of small tall products -------------------------------------------------------
-# torch's CPU bmm makes one GEMM call per matrix, and for a tall (m ≫ n) small product that call is
-# several times slower than the transposed one (Bᵀ Aᵀ, whose long dimension is the output's columns):
-# (336, 42, 7) @ (336, 7, 7) float32 takes 276 µs, (Bᵀ Aᵀ)ᵀ on strided views 84 µs, the ViT step's
-# (336, 14, 14) @ (336, 14, 7) 148 µs and 69 µs. Single 2-D products and wide or square ones gain
-# nothing (4096×128·128×128: 1.40 ms and 1.54 ms), so only batched tall small ones take this path, and
-# only on the CPU (measured there; cuBLAS takes transposed operands as flags).
+# torch's CPU bmm makes one GEMM call per matrix; for a tall (m ≫ n) small product whose A is
+# column-major (the packed Householder section's lifts are: LAPACK's layout) the transposed product
+# Bᵀ Aᵀ, on row-major views, is the faster call: (336, 42, 7) @ (336, 7, 7) float32, one thread, torch
+# 2.13: 52–64 µs as A @ B, 42–43 µs as (Bᵀ Aᵀ)ᵀ. For a row-major A the same trick turns both operands
+# into transposed views, which torch's CPU bmm multiplies 10–20× slower (1,014 µs against A @ B's 53 µs;
+# (336, 14, 14) @ (336, 14, 7): 411 µs against 39 µs): so the layout decides, not the shape alone.
+# Single 2-D products and wide or square ones gain nothing (4096×128·128×128: 1.40 ms and 1.54 ms),
+# and cuBLAS takes transposed operands as flags, so only batched tall small ones on the CPU are
+# considered.
 
 
 @register_fast_path("matmul", "torch")
 def _matmul_torch(A: Array, B: Array) -> Array:
     if A.ndim < 3 or B.ndim < 2 or B.shape[-1] > 32 or A.shape[-2] < 2 * B.shape[-1] or A.device.type != "cpu":
+        return A @ B
+    if A.stride(-2) != 1:  # not column-major: the plain product is the fast one
         return A @ B
     return (B.mT @ A.mT).mT
 

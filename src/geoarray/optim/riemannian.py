@@ -394,7 +394,19 @@ class RiemannianOptimizer:
             frame = xp.astype(frame, xp.float32)
         one = M.global_rep(M.global_section(frame, strategy="householder"), xp.zeros_like(frame))
         packed = (len(group.indices), *batch) if group.packing == _layout.STACKED else batch
-        return optree.tree_map(lambda a: xp.zeros((*packed, *a.shape), dtype=a.dtype, device=_backend.device(a)), one)
+        # the moments in the layout the step's lifts come in, so that the transform's passes read both alike:
+        # the packed section's lifts are LAPACK's, column-major (the ViT set's 336 × St(49, 7): mixed layouts
+        # made every pass over B slower, and the velocity's products took torch's slow transposed bmm)
+        shape = (*packed, *frame.shape)
+        lapack = _backend.householder_section_form(shape, xp, _backend.device(first)) == "packed"
+
+        def zeros(a: Any) -> Any:
+            where = _backend.device(a)
+            if lapack and a.ndim == 2:
+                return xp.matrix_transpose(xp.zeros((*packed, *a.shape[::-1]), dtype=a.dtype, device=where))
+            return xp.zeros((*packed, *a.shape), dtype=a.dtype, device=where)
+
+        return optree.tree_map(zeros, one)
 
     #: ``update`` takes an outside skip flag (``skip=``: a GradScaler's ``found_inf``)
     takes_skip_flag = True
