@@ -398,7 +398,7 @@ def test_a_square_frames_retraction_reads_a_value_that_requires_grad_without_a_w
 
 
 def test_matmul_equals_the_operator_for_tall_small_batches(xp, device, backend):
-    """``_backend.matmul`` (torch: (Bᵀ Aᵀ)ᵀ for batches of tall small products, several times faster there)
+    """``_backend.matmul`` (torch: (Bᵀ Aᵀ)ᵀ for batches of tall small column-major products, faster there)
     equals A @ B to 1e-14 for the shapes of the ViT step (tall, square, wide, 2-D, broadcast batch), and is
     the plain operator on backends without the fast path."""
     rng = np.random.default_rng(14)

@@ -297,8 +297,8 @@ def _matmul_torch(A: Array, B: Array) -> Array:
 
 
 def matmul(A: Array, B: Array, xp: Namespace) -> Array:
-    """A @ B, for a batch of small tall products computed as (Bᵀ Aᵀ)ᵀ where that is faster (torch: the
-    result is a transposed view)."""
+    """A @ B, for a batch of small tall products computed as (Bᵀ Aᵀ)ᵀ where that is faster (torch on the CPU,
+    a column-major A: the result is then a transposed view)."""
     native = fast_path("matmul", xp)
     return A @ B if native is None else native(A, B)
 
