@@ -536,6 +536,45 @@ def test_the_moments_start_in_the_layout_of_the_lifted_gradients(backend, xp, de
         params, state = opt.update(params, grads, state)
 
 
+@pytest.mark.parametrize("shape", [(20, 30, 5), (4, 49, 7), (12, 96, 16)], ids=["packed", "compact-wy", "n16"])
+@pytest.mark.parametrize("name", ["Adam", "Momentum"])
+def test_no_product_of_a_step_takes_two_column_major_operands(backend, xp, device, shape, name):
+    """No matrix product an eager step dispatches (mm, addmm, bmm, baddbmm) has both operands column-major:
+    torch's CPU bmm multiplies two transposed views 10–20× slower than the same product in another layout
+    (the ViT set's velocity product, (D_topᵀ Bᵀ)ᵀ with a row-major B: 1.0 ms instead of 0.05 ms). Such a
+    product was in every batched small-frame step from the steps in pieces until ``_backend.matmul`` chose by
+    layout (it found one per step at 1e66674 on each of these sets). The layouts are torch's: other backends
+    skip."""
+    if backend.kind != "torch":
+        pytest.skip("memory layouts (strides) are torch's here")
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def column_major(t):
+        return t.dim() >= 2 and min(t.shape[-2:]) > 1 and t.stride(-2) == 1 and t.stride(-1) != 1
+
+    M = Stiefel(*shape[-2:])
+    params = {"W": M.random(0, xp=xp, batch_shape=shape[:-2], device=device)}
+    grads = {"W": geoarray.random.normal(1, shape, xp=xp, device=device)}
+    opt = getattr(optim, name)(lr=1e-3)
+    params, state = opt.update(params, grads, opt.init(params, {"W": M}))  # the state as a first step leaves it
+    products, slow = [], []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm", "baddbmm"):
+                a, b = [x for x in args if isinstance(x, torch.Tensor) and x.dim() >= 2][-2:]
+                products.append(func)
+                if column_major(a) and column_major(b):
+                    slow.append((func.__name__, a.shape, a.stride(), b.shape, b.stride()))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        opt.update(params, grads, state)
+    assert len(products) >= 4, products  # the section, lift, retraction and application were seen
+    assert slow == [], slow
+
+
 def test_jax_vmap_of_update_equals_a_loop(backend, xp, device):
     """jax.vmap(opt.update) over 3 independent Stiefel problems equals 3 separate updates (1e-12)."""
     if backend.kind != "jax":
