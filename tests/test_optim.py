@@ -538,7 +538,7 @@ def test_the_moments_start_in_the_layout_of_the_lifted_gradients(backend, xp, de
 
 @pytest.mark.parametrize("shape", [(20, 30, 5), (4, 49, 7), (12, 96, 16)], ids=["packed", "compact-wy", "n16"])
 @pytest.mark.parametrize("name", ["Adam", "Momentum"])
-def test_no_product_of_a_step_takes_two_column_major_operands(backend, xp, device, shape, name):
+def test_no_product_of_a_step_takes_two_column_major_operands_one_not_square(backend, xp, device, shape, name):
     """No matrix product an eager step dispatches (mm, addmm, bmm, baddbmm) has both operands column-major
     and one of them not square: torch's CPU bmm multiplies two such transposed views 10–20× slower than the
     same product in another layout (the ViT set's velocity product, (D_topᵀ Bᵀ)ᵀ with a row-major B: 1.0 ms
