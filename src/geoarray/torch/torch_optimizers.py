@@ -83,9 +83,6 @@ def _check_flags(group: dict, name: str) -> None:
     foreach = group.get("foreach")
     if foreach not in (None, True, False):
         raise ValueError(f"foreach must be None, True or False, got {foreach!r}")
-    every = group.get("stabilize")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ValueError(f"stabilize must be None or a positive int (project every that many steps), got {every!r}")
 
 
 def _number(group: dict, key: str, gi: Any, *, unit: bool = False, index: int | None = None) -> float:
@@ -128,15 +125,34 @@ class _TorchChecks:
         self.live(group, gi)
         every = group.get("stabilize")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ValueError(f"param_groups[{gi}]['stabilize'] must be None or a positive int, got {every!r}")
+            where = "stabilize" if gi == "new" else f"param_groups[{gi}]['stabilize']"  # "new": the constructor's
+            raise ValueError(f"{where} must be None or a positive int (project every that many steps), got {every!r}")
 
 
-def _adam_live(group: dict, gi: Any) -> None:
+def _check_betas(group: dict, gi: Any) -> None:
     betas = group["betas"]
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"param_groups[{gi}]['betas'] must be a pair (beta1, beta2), got {betas!r}")
     _number(group, "betas", gi, unit=True, index=0)
     _number(group, "betas", gi, unit=True, index=1)
+
+
+def _check_eps(group: dict, gi: Any) -> None:
+    """ε > 0: with ε = 0 a zero gradient entry divides 0 by 0 (torch accepts it and writes NaN)."""
+    if _number(group, "eps", gi) == 0:
+        raise ValueError(f"param_groups[{gi}]['eps'] must be > 0 (a zero gradient entry would divide 0 by 0), got 0")
+
+
+def _torch_chain(opt: Any, group: dict, rule: _t.GradientTransformation) -> RiemannianOptimizer:
+    """Algorithm 1 around torch's sign, rule and learning rate: scale(±1) in every chain, so that switching
+    ``maximize`` keeps the state's structure."""
+    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
+    transform = _t.chain(sign, rule, _t.scale_by_learning_rate(live(opt, group)))
+    return _optim.riemannian(transform, **group_core_options(group))
+
+
+def _adam_live(group: dict, gi: Any) -> None:
+    _check_betas(group, gi)
     eps, delta = _number(group, "eps", gi), _number(group, "delta", gi)
     _number(group, "weight_decay", gi)
     if eps == 0 and delta == 0:
@@ -155,10 +171,7 @@ def _adam_core(opt: Any, group: dict) -> RiemannianOptimizer:
         weight_decay=live_or_zero(opt, group, "weight_decay"),
         decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
     )
-    # scale(±1) in every chain, so that switching maximize keeps the state's structure
-    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
-    transform = _t.chain(sign, adam, _t.scale_by_learning_rate(live(opt, group)))
-    return _optim.riemannian(transform, **group_core_options(group))
+    return _torch_chain(opt, group, adam)
 
 
 ADAM_RECIPE = Recipe(_adam_core, live=_LIVE, check=_TorchChecks(_adam_live), zero_matters=_ZERO_MATTERS)
@@ -257,9 +270,7 @@ def _sgd_core(opt: Any, group: dict) -> RiemannianOptimizer:
         bool(group["nesterov"]),
         live_or_zero(opt, group, "weight_decay"),
     )
-    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)  # in every chain: maximize may be switched
-    transform = _t.chain(sign, sgd, _t.scale_by_learning_rate(live(opt, group)))
-    return _optim.riemannian(transform, **group_core_options(group))
+    return _torch_chain(opt, group, sgd)
 
 
 SGD_RECIPE = Recipe(_sgd_core, live=_LIVE, check=_TorchChecks(_sgd_live), zero_matters=_ZERO_MATTERS)
@@ -300,28 +311,6 @@ class SGD(Optimizer):
 
 
 # -- torch.optim's other adaptive methods: RMSprop, Adagrad, Adamax, NAdam, RAdam ------------------------------
-
-
-def _check_betas(group: dict, gi: Any) -> None:
-    betas = group["betas"]
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"param_groups[{gi}]['betas'] must be a pair (beta1, beta2), got {betas!r}")
-    _number(group, "betas", gi, unit=True, index=0)
-    _number(group, "betas", gi, unit=True, index=1)
-
-
-def _check_eps(group: dict, gi: Any) -> None:
-    """ε > 0: with ε = 0 a zero gradient entry divides 0 by 0 (torch accepts it and writes NaN)."""
-    if _number(group, "eps", gi) == 0:
-        raise ValueError(f"param_groups[{gi}]['eps'] must be > 0 (a zero gradient entry would divide 0 by 0), got 0")
-
-
-def _torch_chain(opt: Any, group: dict, rule: _t.GradientTransformation) -> RiemannianOptimizer:
-    """Algorithm 1 around torch's sign, rule and learning rate: scale(±1) in every chain, so that switching
-    ``maximize`` keeps the state's structure."""
-    sign = _rules.scale(-1.0 if group["maximize"] else 1.0)
-    transform = _t.chain(sign, rule, _t.scale_by_learning_rate(live(opt, group)))
-    return _optim.riemannian(transform, **group_core_options(group))
 
 
 def _rmsprop_live(group: dict, gi: Any) -> None:
