@@ -230,3 +230,29 @@ def test_stabilize_projects_every_k_steps(torch, gt, device, monkeypatch):
     assert projected_after == [2, 4]
     with pytest.raises(ValueError, match="stabilize must be None or a positive int"):
         gt.Adam([W], stabilize=0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_a_bad_stabilize_edited_into_a_param_group_is_refused_naming_it_before_any_change(torch, gt, device, bad):
+    """stabilize written into param_groups after the optimizer was built (as a user or a scheduler edits a
+    group) is checked at the next step: a ValueError naming ``param_groups[g]['stabilize']``, the value and
+    what it must be, with the weights and the state as they were (bit for bit)."""
+    M = Stiefel(7, 3)
+    W = gt.ManifoldParameter(M.random(0, xp=torch, dtype=torch.float64, device=device), M)
+    opt = gt.Adam([W], lr=1e-2, stabilize=2)
+    W.grad = _gaussian(torch, (7, 3), device, seed=1)
+    opt.step()
+    import copy
+
+    import optree
+
+    before_W, before_state = W.detach().clone(), copy.deepcopy(opt.state_dict()["geoarray"])
+    opt.param_groups[0]["stabilize"] = bad
+    W.grad = _gaussian(torch, (7, 3), device, seed=2)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['stabilize'\] must be None or a positive int .*got"):
+        opt.step()
+    assert torch.equal(W.detach(), before_W)
+    after = optree.tree_leaves(opt.state_dict()["geoarray"])
+    assert len(after) == len(optree.tree_leaves(before_state))
+    for a, b in zip(after, optree.tree_leaves(before_state), strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
